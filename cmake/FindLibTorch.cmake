@@ -1,0 +1,68 @@
+# LibTorch comes from the pinned torch wheel in the virtualenv that launch/setup.sh creates. The
+# wheel is a CUDA build: its CMake config enables CUDA against the toolkit in /usr/local/cuda, whose
+# major version must match the wheel's. A GPU is not needed to build or to run on the CPU.
+set(MLTRAIN_PYTHON "$ENV{HOME}/.cache/mltrain/venv/bin/python" CACHE FILEPATH
+    "Python of the virtualenv holding the torch wheel (made by launch/setup.sh)")
+if(NOT EXISTS "${MLTRAIN_PYTHON}")
+  message(FATAL_ERROR "No Python at MLTRAIN_PYTHON=${MLTRAIN_PYTHON}: run launch/setup.sh first")
+endif()
+
+execute_process(
+  COMMAND "${MLTRAIN_PYTHON}" -c
+          "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or '')"
+  OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
+  RESULT_VARIABLE _torch_result)
+if(NOT _torch_result EQUAL 0)
+  message(FATAL_ERROR "${MLTRAIN_PYTHON} cannot import torch: run launch/setup.sh")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 _torch_prefix)
+list(GET _torch_info 1 MLTRAIN_TORCH_VERSION)
+list(GET _torch_info 2 _torch_cuda)
+
+if(_torch_cuda)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  # Torch's config enables CUDA to describe its libraries; we compile no CUDA ourselves. Naming the
+  # architectures spares it probing for a GPU (there is none on build machines), and CMake 3.25
+  # knows no CUDA dialect past C++17.
+  set(CMAKE_CUDA_STANDARD 17)
+  if(NOT TORCH_CUDA_ARCH_LIST)
+    set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+  endif()
+  find_package(CUDAToolkit REQUIRED)
+  string(REGEX MATCH "^[0-9]+" _wheel_cuda_major "${_torch_cuda}")
+  if(NOT _wheel_cuda_major STREQUAL CUDAToolkit_VERSION_MAJOR)
+    message(FATAL_ERROR "torch ${MLTRAIN_TORCH_VERSION} is built for CUDA ${_torch_cuda} but the toolkit "
+                        "at ${CUDAToolkit_BIN_DIR} is ${CUDAToolkit_VERSION}: pin a wheel for that CUDA "
+                        "in launch/requirements.txt")
+  endif()
+endif()
+
+# The wheel ships its own fmt (12.x) headers in torch/include, which would shadow the Debian fmt that
+# Debian's spdlog is built against (and does not compile with fmt 12). A directory holding only a
+# link to the system's fmt headers, put before torch's, makes every target see the one fmt it links.
+# The LibTorch headers we include do not use fmt.
+find_path(MLTRAIN_FMT_INCLUDE_DIR fmt/core.h REQUIRED)
+set(_fmt_shadow "${CMAKE_BINARY_DIR}/fmt_before_torch")
+file(MAKE_DIRECTORY "${_fmt_shadow}")
+file(CREATE_LINK "${MLTRAIN_FMT_INCLUDE_DIR}/fmt" "${_fmt_shadow}/fmt" SYMBOLIC)
+
+list(APPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
+find_package(Torch REQUIRED)
+message(STATUS "LibTorch ${MLTRAIN_TORCH_VERSION} (CUDA ${_torch_cuda}) from ${_torch_prefix}")
+
+# TorchConfig puts its include directories on torch_cpu as ordinary ones; as system includes their
+# warnings stay out of our -Wall -Wextra.
+get_target_property(_torch_includes torch_cpu INTERFACE_INCLUDE_DIRECTORIES)
+set_target_properties(torch_cpu PROPERTIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_torch_includes}")
+
+# What the project's targets link to use LibTorch.
+add_library(mltrain_torch INTERFACE)
+target_include_directories(mltrain_torch SYSTEM BEFORE INTERFACE "${_fmt_shadow}")
+target_link_libraries(mltrain_torch INTERFACE torch)
+# libtorch.so and libtorch_cpu.so export copies of std::filesystem functions that crash when our
+# code's calls bind to them (remove_all segfaults). Naming libstdc++ before any object puts it
+# first among the executable's libraries, so the dynamic linker binds std:: symbols to it.
+target_link_options(mltrain_torch INTERFACE "LINKER:--push-state,--no-as-needed" -lstdc++ "LINKER:--pop-state")

@@ -1,0 +1,34 @@
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string_view>
+
+namespace mltrain {
+
+// Writes a file so that a reader never sees a partial one: the bytes go to a temporary file beside
+// the target, which commit() flushes with fsync, renames over the target and makes durable by
+// syncing the directory. Destroyed without commit() (an exception, a failed write) it removes the
+// temporary and leaves any existing target untouched. Write failures (disk full, permissions)
+// throw std::runtime_error naming the path.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::filesystem::path target);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, std::size_t size);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  void commit();
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temporary_;
+  int fd_ = -1;
+};
+
+// Flushes a directory entry (a rename or a new file in it) to disk.
+void fsync_directory(const std::filesystem::path& directory);
+
+}  // namespace mltrain

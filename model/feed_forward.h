@@ -1,0 +1,26 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+namespace mltrain {
+
+// Every projection in the model is bias-free.
+inline torch::nn::LinearOptions linear_options(int64_t in, int64_t out) {
+  return torch::nn::LinearOptions(in, out).bias(false);
+}
+
+// SwiGLU: w_down(silu(w_gate x) * w_up x).
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(int64_t d_model, int64_t d_ffn);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear w_gate;
+  torch::nn::Linear w_up;
+  torch::nn::Linear w_down;
+};
+TORCH_MODULE(FeedForward);
+
+}  // namespace mltrain

@@ -1,0 +1,28 @@
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "model/llama.h"
+#include "model/safetensors.h"
+
+namespace mltrain {
+
+// The Hugging Face LlamaForCausalLM name of a parameter of ours, e.g.
+// layers.3.attn.wq.weight -> model.layers.3.self_attn.q_proj.weight. The layouts are the same
+// (rotate-half RoPE, [out, in] projections), so weights map one to one without permutation.
+std::string hf_parameter_name(const std::string& name);
+
+// The model's parameters under Hugging Face names. Tied models have no lm_head.weight, as
+// Hugging Face writes them. The tensors share storage with the model.
+NamedTensors hf_state_dict(const Llama& model);
+
+// Copies tensors named as hf_state_dict names them into the model (casting floating dtypes).
+// Missing, unexpected, wrongly shaped or non-floating tensors are one UserError that names
+// `source` and lists every offending key.
+void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::string& source);
+
+void save_model_weights(const Llama& model, const std::filesystem::path& path);
+void load_model_weights(Llama& model, const std::filesystem::path& path);
+
+}  // namespace mltrain

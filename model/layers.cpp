@@ -1,0 +1,49 @@
+// The small building blocks of the decoder: RMSNorm, the rotary embedding and the SwiGLU
+// feed-forward. One translation unit: each is a few lines, and LibTorch headers are costly.
+#include <ATen/ATen.h>
+
+#include "model/feed_forward.h"
+#include "model/rms_norm.h"
+#include "model/rotary.h"
+
+namespace mltrain {
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps)
+    : weight(register_parameter("weight", at::ones({dim}))), eps_(eps) {}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return normed.to(x.scalar_type()) * weight;
+}
+
+RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
+  // Angles in float64 so that rows at large positions are as exact as rows near zero.
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor exponents = at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
+  const at::Tensor inv_freq = at::pow(theta, -exponents);                     // [head_dim/2]
+  const at::Tensor angles = at::outer(at::arange(max_seq_len, f64), inv_freq);  // [T, head_dim/2]
+  const at::Tensor both_halves = at::cat({angles, angles}, -1);                // [T, head_dim]
+  cos_ = register_buffer("cos", both_halves.cos().to(at::kFloat));
+  sin_ = register_buffer("sin", both_halves.sin().to(at::kFloat));
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated_half = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  // [T, D] -> [T, 1, D]: broadcast over batch and heads of [B, T, H, D].
+  const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(1);
+  const at::Tensor s = sin.to(x.scalar_type()).unsqueeze(1);
+  return x * c + rotated_half * s;
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn)
+    : w_gate(register_module("w_gate", torch::nn::Linear(linear_options(d_model, d_ffn)))),
+      w_up(register_module("w_up", torch::nn::Linear(linear_options(d_model, d_ffn)))),
+      w_down(register_module("w_down", torch::nn::Linear(linear_options(d_ffn, d_model)))) {}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  return w_down(at::silu(w_gate(x)) * w_up(x));
+}
+
+}  // namespace mltrain

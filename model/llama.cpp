@@ -1,0 +1,108 @@
+#include "model/llama.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "model/kv_cache.h"
+
+namespace mltrain {
+
+BlockImpl::BlockImpl(const ModelConfig& config)
+    : attn_norm(register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps))),
+      attn(register_module("attn", Attention(config))),
+      ffn_norm(register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps))),
+      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn))) {}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              int64_t start_pos, KVCache* cache, int64_t layer) {
+  const at::Tensor h = x + attn(attn_norm(x), cos, sin, start_pos, cache, layer);
+  return h + ffn(ffn_norm(h));
+}
+
+LlamaImpl::LlamaImpl(const ModelConfig& config)
+    : token_embeddings(register_module(
+          "token_embeddings",
+          torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.d_model)))),
+      norm(nullptr),
+      rotary(nullptr),
+      config_(config) {
+  config_.validate();
+  auto layer_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    layers.push_back(Block(config));
+    layer_list->push_back(layers.back());
+  }
+  norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(linear_options(config.d_model, config.vocab_size)));
+  }
+  rotary = register_module("rotary",
+                           Rotary(config.head_dim, config.max_seq_len, config.rope_theta));
+  init_weights();
+}
+
+void LlamaImpl::init_weights() {
+  at::NoGradGuard no_grad;
+  const double std = config_.init_std;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layers));
+  token_embeddings->weight.normal_(0.0, std);
+  for (Block& block : layers) {
+    block->attn_norm->weight.fill_(1.0);
+    block->ffn_norm->weight.fill_(1.0);
+    block->attn->wq->weight.normal_(0.0, std);
+    block->attn->wk->weight.normal_(0.0, std);
+    block->attn->wv->weight.normal_(0.0, std);
+    block->attn->wo->weight.normal_(0.0, residual_std);
+    block->ffn->w_gate->weight.normal_(0.0, std);
+    block->ffn->w_up->weight.normal_(0.0, std);
+    block->ffn->w_down->weight.normal_(0.0, residual_std);
+  }
+  norm->weight.fill_(1.0);
+  if (lm_head) lm_head->weight.normal_(0.0, std);
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
+  const int64_t length = tokens.size(1);
+  if (start_pos < 0 || start_pos + length > config_.max_seq_len) {
+    throw UserError(fmt::format(
+        "positions {}..{} do not fit model.max_seq_len = {}: shorten the input or raise the key",
+        start_pos, start_pos + length - 1, config_.max_seq_len));
+  }
+  const at::Tensor cos = rotary->cos(start_pos, length);
+  const at::Tensor sin = rotary->sin(start_pos, length);
+  at::Tensor h = token_embeddings(tokens);
+  for (size_t layer = 0; layer < layers.size(); ++layer) {
+    h = layers[layer](h, cos, sin, start_pos, cache, static_cast<int64_t>(layer));
+  }
+  return at::linear(norm(h), output_weight());
+}
+
+const at::Tensor& LlamaImpl::output_weight() const {
+  return lm_head ? lm_head->weight : token_embeddings->weight;
+}
+
+int64_t LlamaImpl::num_parameters() const {
+  int64_t total = 0;
+  for (const at::Tensor& parameter : parameters()) total += parameter.numel();
+  return total;
+}
+
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), targets.flatten());
+}
+
+double training_flops_per_token(const ModelConfig& config, int64_t num_parameters,
+                                int64_t seq_len) {
+  const double dense = 6.0 * static_cast<double>(num_parameters);
+  const double attention = 12.0 * static_cast<double>(config.n_layers * config.n_q_heads *
+                                                      config.head_dim * seq_len);
+  return dense + attention;
+}
+
+}  // namespace mltrain

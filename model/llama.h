@@ -1,0 +1,79 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+#include "model/attention.h"
+#include "model/feed_forward.h"
+#include "model/model_config.h"
+#include "model/rms_norm.h"
+#include "model/rotary.h"
+
+namespace mltrain {
+
+class KVCache;
+
+// Pre-norm decoder block: x + attn(attn_norm(x)), then h + ffn(ffn_norm(h)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const ModelConfig& config);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     int64_t start_pos, KVCache* cache, int64_t layer);
+
+  RMSNorm attn_norm;
+  Attention attn;
+  RMSNorm ffn_norm;
+  FeedForward ffn;
+};
+TORCH_MODULE(Block);
+
+// The LLaMA decoder: token embeddings, n_layers blocks, a final norm and the output projection.
+// With tie_word_embeddings the output projection is the embedding matrix itself: one tensor,
+// registered once (as token_embeddings.weight), so parameters() lists it once and an optimizer
+// steps it once. Submodule names follow the model chapter; hf_state_dict.h maps them to
+// Hugging Face's.
+class LlamaImpl : public torch::nn::Module {
+ public:
+  explicit LlamaImpl(const ModelConfig& config);
+
+  // tokens [B, T] (int64) at positions [start_pos, start_pos + T) -> logits [B, T, vocab_size].
+  // With a cache, every layer appends its keys and values and attends over the cached prefix.
+  at::Tensor forward(const at::Tensor& tokens, int64_t start_pos = 0, KVCache* cache = nullptr);
+
+  // Draws the initial weights from the current global torch generator: normal(0, init_std) for
+  // embeddings and projections, init_std / sqrt(2 n_layers) for the projections that write into
+  // the residual stream (wo, w_down), ones for the norms.
+  void init_weights();
+
+  const ModelConfig& config() const { return config_; }
+  int64_t num_parameters() const;
+  const at::Tensor& output_weight() const;
+
+  torch::nn::Embedding token_embeddings;
+  std::vector<Block> layers;
+  RMSNorm norm;
+  torch::nn::Linear lm_head{nullptr};  // only when the embeddings are not tied
+  Rotary rotary;
+
+ private:
+  ModelConfig config_;
+};
+TORCH_MODULE(Llama);
+
+// Mean cross-entropy of logits [B, T, V] against targets [B, T] that are already the next tokens,
+// computed in fp32 whatever the logits' dtype.
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// Training FLOPs per token, forward and backward, as in the PaLM paper (appendix B):
+// 6 N + 12 n_layers n_q_heads head_dim seq_len, where N counts every parameter (the tied
+// embedding once: its lookup is free but the output projection is a matmul over it) and the second
+// term is the attention scores and weighted sum, 6 x 2 n_q_heads head_dim seq_len per layer.
+double training_flops_per_token(const ModelConfig& config, int64_t num_parameters,
+                                int64_t seq_len);
+
+}  // namespace mltrain

@@ -1,0 +1,27 @@
+#pragma once
+
+#include <cstdint>
+
+namespace mltrain {
+
+// The shape of a LLaMA-style decoder. The defaults are the 0.04B MiniLLaMA of the model chapter
+// (DESIGN.md's table); the YAML keys under `model:` have these names.
+struct ModelConfig {
+  int64_t vocab_size = 4096;
+  int64_t d_model = 512;
+  int64_t n_layers = 12;
+  int64_t n_q_heads = 8;
+  int64_t n_kv_heads = 2;
+  int64_t head_dim = 64;
+  int64_t d_ffn = 1408;
+  int64_t max_seq_len = 1024;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-6;
+  bool tie_word_embeddings = true;
+  double init_std = 0.02;
+
+  // Throws UserError naming the `model.*` key when the values cannot describe a model.
+  void validate() const;
+};
+
+}  // namespace mltrain

@@ -1,0 +1,29 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace mltrain {
+
+// Rotary position embedding, rotate-half convention (Hugging Face LLaMA): dimension i is paired
+// with i + head_dim/2 and the pair is rotated by position * theta^(-2i/head_dim).
+// The cos/sin tables [max_seq_len, head_dim] are computed once. They are buffers so that .to()
+// moves them with the model, and non-persistent in spirit: state dicts hold parameters only.
+class RotaryImpl : public torch::nn::Module {
+ public:
+  RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta);
+
+  // Rows [start, start + length) of the tables, for tokens at those absolute positions.
+  at::Tensor cos(int64_t start, int64_t length) const { return cos_.narrow(0, start, length); }
+  at::Tensor sin(int64_t start, int64_t length) const { return sin_.narrow(0, start, length); }
+
+ private:
+  at::Tensor cos_;
+  at::Tensor sin_;
+};
+TORCH_MODULE(Rotary);
+
+// Rotates x [B, T, H, head_dim] by tables [T, head_dim] (cast to x's dtype).
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace mltrain

@@ -1,0 +1,184 @@
+#include "model/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+// Headers of real checkpoints are kilobytes; anything near this is a corrupt length field.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+constexpr std::array<std::pair<const char*, at::ScalarType>, 10> kDtypes{{
+    {"F64", at::kDouble},
+    {"F32", at::kFloat},
+    {"F16", at::kHalf},
+    {"BF16", at::kBFloat16},
+    {"I64", at::kLong},
+    {"I32", at::kInt},
+    {"I16", at::kShort},
+    {"I8", at::kChar},
+    {"U8", at::kByte},
+    {"BOOL", at::kBool},
+}};
+
+const char* dtype_name(at::ScalarType type) {
+  for (const auto& [name, scalar_type] : kDtypes) {
+    if (scalar_type == type) return name;
+  }
+  throw UserError(fmt::format("safetensors cannot store tensors of type {}", c10::toString(type)));
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  for (const auto& [dtype, scalar_type] : kDtypes) {
+    if (name == dtype) return scalar_type;
+  }
+  throw std::invalid_argument(fmt::format("unsupported dtype \"{}\"", name));
+}
+
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+TensorEntry parse_entry(const std::string& name, const nlohmann::json& entry) {
+  TensorEntry parsed{name, parse_dtype(entry.at("dtype").get<std::string>()),
+                     entry.at("shape").get<std::vector<int64_t>>(), 0, 0};
+  const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+  if (offsets.size() != 2 || offsets[0] > offsets[1]) {
+    throw std::invalid_argument("data_offsets must be [begin, end] with begin <= end");
+  }
+  parsed.begin = offsets[0];
+  parsed.end = offsets[1];
+  uint64_t bytes = at::elementSize(parsed.dtype);
+  for (const int64_t dim : parsed.shape) {
+    if (dim < 0) throw std::invalid_argument("negative dimension in shape");
+    bytes *= static_cast<uint64_t>(dim);
+  }
+  if (bytes != parsed.end - parsed.begin) {
+    throw std::invalid_argument(fmt::format(
+        "shape [{}] of {} needs {} bytes but data_offsets span {}", fmt::join(parsed.shape, ", "),
+        entry.at("dtype").get<std::string>(), bytes, parsed.end - parsed.begin));
+  }
+  return parsed;
+}
+
+}  // namespace
+
+void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> payloads;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = cpu.nbytes();
+    header[name] = {{"dtype", dtype_name(cpu.scalar_type())},
+                    {"shape", cpu.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    payloads.push_back(cpu);
+  }
+  std::string header_text = header.dump();
+  // Pad with spaces so the data starts 8-byte aligned, as the reference implementation does.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_length = header_text.size();
+
+  AtomicFileWriter file(path);
+  file.write(&header_length, sizeof(header_length));  // x86-64 and aarch64 are little-endian
+  file.write(header_text);
+  for (const at::Tensor& payload : payloads) file.write(payload.data_ptr(), payload.nbytes());
+  file.commit();
+}
+
+NamedTensors load_safetensors(const std::filesystem::path& path) {
+  const auto fail = [&path](const std::string& what) {
+    return UserError(fmt::format("{}: {}", path.string(), what));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw fail("cannot open safetensors file");
+  const uint64_t file_size = std::filesystem::file_size(path);
+
+  uint64_t header_length = 0;
+  if (file_size < sizeof(header_length) ||
+      !in.read(reinterpret_cast<char*>(&header_length), sizeof(header_length))) {
+    throw fail("truncated: shorter than the 8-byte header length");
+  }
+  if (header_length > kMaxHeaderBytes || header_length > file_size - sizeof(header_length)) {
+    throw fail(fmt::format("header length {} does not fit a file of {} bytes (corrupt or truncated)",
+                           header_length, file_size));
+  }
+  std::string header_text(header_length, '\0');
+  in.read(header_text.data(), static_cast<std::streamsize>(header_length));
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(header_text);
+  } catch (const nlohmann::json::exception& error) {
+    throw fail(fmt::format("header is not valid JSON ({})", error.what()));
+  }
+  if (!header.is_object()) throw fail("header is not a JSON object");
+
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      entries.push_back(parse_entry(name, entry));
+    } catch (const std::exception& error) {  // missing fields, wrong JSON types, bad values
+      throw fail(fmt::format("tensor '{}': {}", name, error.what()));
+    }
+  }
+
+  // The data section must be exactly the tensors, back to back: a gap, an overlap or a short
+  // section means the file was damaged or written wrongly.
+  std::sort(entries.begin(), entries.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
+  const uint64_t data_size = file_size - sizeof(header_length) - header_length;
+  uint64_t expected_begin = 0;
+  for (const TensorEntry& entry : entries) {
+    if (entry.begin != expected_begin) {
+      throw fail(fmt::format("tensor '{}' starts at data byte {} where {} was expected "
+                             "(overlapping or non-contiguous tensors)",
+                             entry.name, entry.begin, expected_begin));
+    }
+    if (entry.end > data_size) {
+      throw fail(fmt::format("tensor '{}' ends at data byte {} but the file holds {} bytes of data "
+                             "(truncated)",
+                             entry.name, entry.end, data_size));
+    }
+    expected_begin = entry.end;
+  }
+  if (expected_begin != data_size) {
+    throw fail(fmt::format("{} bytes of data follow the last tensor", data_size - expected_begin));
+  }
+
+  NamedTensors tensors;
+  for (const TensorEntry& entry : entries) {
+    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+    in.seekg(static_cast<std::streamoff>(sizeof(header_length) + header_length + entry.begin));
+    if (!in.read(static_cast<char*>(tensor.data_ptr()),
+                 static_cast<std::streamsize>(entry.end - entry.begin))) {
+      throw fail(fmt::format("cannot read tensor '{}'", entry.name));
+    }
+    tensors.emplace(entry.name, std::move(tensor));
+  }
+  return tensors;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,75 @@
+// mltrain as a user runs it: what it prints and how it exits.
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::CommandResult;
+using testing::run_command;
+
+CommandResult mltrain(const std::string& arguments) {
+  std::string command = MLTRAIN_BIN_DIR "/mltrain ";
+  command += arguments;  // appended rather than concatenated: GCC 12 warns falsely on the latter
+  return run_command(command);
+}
+
+const std::string kBase = MLTRAIN_SOURCE_DIR "/configs/base.yaml";
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
+  const CommandResult run = mltrain(kBase + " --dry-run --set train.device=cpu");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "layers.*.attn.wq");
+  EXPECT_CONTAINS(run.output, "35,926,528");
+  EXPECT_CONTAINS(run.output, "training FLOPs per token: 291.06 MFLOP");
+}
+
+TEST(MltrainCli, DumpConfigPrintsTheEffectiveConfig) {
+  const CommandResult run = mltrain(kBase + " --dump-config --set model.n_layers=3");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "n_layers: 3\n");
+  EXPECT_CONTAINS(run.output, "train: \"data/shards/train_*.bin\"");
+}
+
+TEST(MltrainCli, BadConfigKeyIsOneLineAndExitTwo) {
+  const CommandResult run = mltrain(kBase + " --dry-run --set model.d_modle=3");
+  EXPECT_EQ(run.exit_code, kExitUserError);
+  EXPECT_CONTAINS(run.output, "unknown key model.d_modle (did you mean model.d_model?)");
+  EXPECT_EQ(lines(run.output), 1u) << run.output;
+}
+
+TEST(MltrainCli, InconsistentConfigExitsTwo) {
+  const CommandResult run = mltrain(kBase + " --dry-run --set model.n_kv_heads=3");
+  EXPECT_EQ(run.exit_code, kExitUserError);
+  EXPECT_CONTAINS(run.output, "must be a multiple of model.n_kv_heads");
+}
+
+TEST(MltrainCli, BadArgumentsExitTwo) {
+  const CommandResult unknown = mltrain(kBase + " --dryrun");
+  EXPECT_EQ(unknown.exit_code, kExitUserError);
+  EXPECT_CONTAINS(unknown.output, "unknown option --dryrun");
+  const CommandResult none = mltrain("");
+  EXPECT_EQ(none.exit_code, kExitUserError);
+  EXPECT_CONTAINS(none.output, "no config file given");
+  const CommandResult missing = mltrain("/nonexistent.yaml --dry-run");
+  EXPECT_EQ(missing.exit_code, kExitUserError);
+  EXPECT_CONTAINS(missing.output, "/nonexistent.yaml: cannot read the config file");
+  const CommandResult dangling = mltrain(kBase + " --set");
+  EXPECT_EQ(dangling.exit_code, kExitUserError);
+  EXPECT_CONTAINS(dangling.output, "--set needs section.key=value");
+}
+
+TEST(MltrainCli, HelpExitsZero) {
+  const CommandResult run = mltrain("--help");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_CONTAINS(run.output, "usage: mltrain CONFIG.yaml");
+}
+
+}  // namespace
+}  // namespace mltrain

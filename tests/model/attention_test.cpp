@@ -1,0 +1,97 @@
+#include "model/attention.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/kv_cache.h"
+#include "model/llama.h"
+#include "tests/model/tiny_config.h"
+
+namespace mltrain {
+namespace {
+
+using testing::tiny_config;
+
+// Attention written out: repeat each key/value head for its group of query heads, then
+// softmax(q k^T / sqrt(d) + causal mask) v.
+at::Tensor repeat_kv_attention(AttentionImpl& attention, const ModelConfig& config,
+                               const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t group = config.n_q_heads / config.n_kv_heads;
+  const auto heads = [&](torch::nn::Linear& projection, int64_t n) {
+    return projection(x).view({b, t, n, config.head_dim});
+  };
+  const at::Tensor q = apply_rotary(heads(attention.wq, config.n_q_heads), cos, sin).transpose(1, 2);
+  const at::Tensor k = apply_rotary(heads(attention.wk, config.n_kv_heads), cos, sin)
+                           .transpose(1, 2).repeat_interleave(group, 1);
+  const at::Tensor v = heads(attention.wv, config.n_kv_heads).transpose(1, 2).repeat_interleave(group, 1);
+  const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
+  const at::Tensor scores = (q.matmul(k.transpose(-1, -2)) / std::sqrt(double(config.head_dim)))
+                                .masked_fill(future, -INFINITY);
+  const at::Tensor out = scores.softmax(-1).matmul(v);
+  return attention.wo(out.transpose(1, 2).reshape({b, t, -1}));
+}
+
+TEST(Attention, GroupedQueryThroughSdpaEqualsRepeatedKeyValues) {
+  at::manual_seed(10);
+  const ModelConfig config = tiny_config();
+  Attention attention(config);
+  Rotary rotary(config.head_dim, config.max_seq_len, config.rope_theta);
+  const at::Tensor x = at::randn({3, 20, config.d_model});
+  const at::Tensor cos = rotary->cos(0, 20), sin = rotary->sin(0, 20);
+  const at::Tensor fast = attention(x, cos, sin);
+  const at::Tensor explicit_math = repeat_kv_attention(*attention, config, x, cos, sin);
+  EXPECT_LE((fast - explicit_math).abs().max().item<double>(), 1e-6);
+}
+
+class TinyLlama : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    at::manual_seed(11);
+    model = Llama(tiny_config());
+    model->eval();
+    tokens = at::randint(tiny_config().vocab_size, {2, 24});
+  }
+  Llama model{nullptr};
+  at::Tensor tokens;
+};
+
+TEST_F(TinyLlama, FutureTokensDoNotChangeEarlierLogits) {
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model(tokens);
+  for (int64_t t : {0, 7, 22}) {
+    at::Tensor changed = tokens.clone();
+    changed.narrow(1, t + 1, 24 - t - 1).random_(tiny_config().vocab_size);
+    ASSERT_FALSE(at::equal(changed, tokens));
+    const at::Tensor changed_logits = model(changed);
+    EXPECT_TRUE(at::equal(changed_logits.narrow(1, 0, t + 1), logits.narrow(1, 0, t + 1))) << "t = " << t;
+    // The test can fail: the changed positions themselves do change.
+    EXPECT_FALSE(at::equal(changed_logits.narrow(1, t + 1, 1), logits.narrow(1, t + 1, 1)));
+  }
+}
+
+TEST_F(TinyLlama, CachedDecodingReproducesFullSequenceLogits) {
+  at::NoGradGuard no_grad;
+  const at::Tensor full = model(tokens);
+  KVCache cache(tiny_config(), 2, 24, at::TensorOptions().dtype(at::kFloat));
+  std::vector<at::Tensor> pieces;
+  // A prompt of 5, then 3 at once (an explicit mask after a cached prefix), then one by one.
+  pieces.push_back(model(tokens.narrow(1, 0, 5), 0, &cache));
+  pieces.push_back(model(tokens.narrow(1, 5, 3), 5, &cache));
+  for (int64_t position = 8; position < 24; ++position) {
+    pieces.push_back(model(tokens.narrow(1, position, 1), position, &cache));
+  }
+  const at::Tensor incremental = at::cat(pieces, 1);
+  EXPECT_LE((incremental - full).abs().max().item<double>(), 1e-5);
+}
+
+TEST_F(TinyLlama, PositionsBeyondMaxSeqLenAreRefused) {
+  at::NoGradGuard no_grad;
+  EXPECT_THROW(model(at::zeros({1, 65}, at::kLong)), std::exception);
+  EXPECT_THROW(model(at::zeros({1, 2}, at::kLong), 63), std::exception);
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,105 @@
+#include "model/llama.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "tests/model/tiny_config.h"
+
+namespace mltrain {
+namespace {
+
+// Parameters of a LLaMA decoder, counted from the architecture: embeddings, per layer the four
+// attention projections, three SwiGLU matrices and two norms, the final norm, and an output
+// projection unless it is tied.
+int64_t count_by_formula(const ModelConfig& c) {
+  const int64_t attention = c.d_model * c.head_dim * (2 * c.n_q_heads + 2 * c.n_kv_heads);
+  const int64_t per_layer = attention + 3 * c.d_model * c.d_ffn + 2 * c.d_model;
+  const int64_t output = c.tie_word_embeddings ? 0 : c.vocab_size * c.d_model;
+  return c.vocab_size * c.d_model + c.n_layers * per_layer + c.d_model + output;
+}
+
+TEST(Llama, BaseModelHasTheChaptersParameterCount) {
+  const ModelConfig base;
+  Llama model(base);
+  EXPECT_EQ(model->num_parameters(), 35'926'528);
+  EXPECT_EQ(count_by_formula(base), 35'926'528);
+}
+
+TEST(Llama, TiedEmbeddingIsOneTensorListedOnce) {
+  Llama model(testing::tiny_config());
+  EXPECT_EQ(model->output_weight().data_ptr(), model->token_embeddings->weight.data_ptr());
+  std::set<const void*> storages;
+  for (const at::Tensor& parameter : model->parameters()) {
+    EXPECT_TRUE(storages.insert(parameter.data_ptr()).second) << "a tensor is listed twice";
+  }
+  EXPECT_EQ(model->parameters().size(), 1 + 9 * 2 + 1u);
+  EXPECT_EQ(model->num_parameters(), count_by_formula(testing::tiny_config()));
+}
+
+TEST(Llama, UntiedModelHasItsOwnOutputProjection) {
+  ModelConfig config = testing::tiny_config();
+  config.tie_word_embeddings = false;
+  Llama model(config);
+  EXPECT_NE(model->output_weight().data_ptr(), model->token_embeddings->weight.data_ptr());
+  EXPECT_EQ(model->num_parameters(), count_by_formula(config));
+  EXPECT_EQ(count_by_formula(config) - count_by_formula(testing::tiny_config()), 97 * 64);
+}
+
+TEST(Llama, InitialisationFollowsTheStatedScheme) {
+  at::manual_seed(5);
+  Llama model(ModelConfig{});  // base shape: enough samples for tight statistics
+  const double std = 0.02;
+  const double residual = std / std::sqrt(2.0 * 12);
+  const auto std_of = [](const at::Tensor& t) { return t.std().item<double>(); };
+  EXPECT_NEAR(std_of(model->token_embeddings->weight), std, 0.02 * std);
+  EXPECT_NEAR(std_of(model->layers[3]->attn->wq->weight), std, 0.02 * std);
+  EXPECT_NEAR(std_of(model->layers[3]->ffn->w_up->weight), std, 0.02 * std);
+  EXPECT_NEAR(std_of(model->layers[3]->attn->wo->weight), residual, 0.02 * residual);
+  EXPECT_NEAR(std_of(model->layers[11]->ffn->w_down->weight), residual, 0.02 * residual);
+  EXPECT_NEAR(model->layers[0]->attn->wk->weight.mean().item<double>(), 0.0, 1e-3);
+  EXPECT_TRUE(at::equal(model->layers[5]->ffn_norm->weight, at::ones({512})));
+  EXPECT_TRUE(at::equal(model->norm->weight, at::ones({512})));
+}
+
+TEST(Llama, SameSeedSameWeights) {
+  at::manual_seed(9);
+  Llama first(testing::tiny_config());
+  at::manual_seed(9);
+  Llama second(testing::tiny_config());
+  EXPECT_TRUE(at::equal(first->layers[1]->attn->wv->weight, second->layers[1]->attn->wv->weight));
+}
+
+TEST(Llama, ForwardGivesLogitsPerPosition) {
+  Llama model(testing::tiny_config());
+  const at::Tensor logits = model(at::zeros({3, 10}, at::kLong));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10, 97}));
+}
+
+TEST(NextTokenLoss, UniformLogitsCostLogV) {
+  const at::Tensor logits = at::zeros({2, 5, 97});
+  const at::Tensor targets = at::randint(97, {2, 5});
+  EXPECT_NEAR(next_token_loss(logits, targets).item<double>(), std::log(97.0), 1e-6);
+}
+
+TEST(NextTokenLoss, IsTheMeanNegativeLogLikelihoodInFp32) {
+  at::manual_seed(6);
+  const at::Tensor logits = (at::randn({2, 3, 11}) * 4).to(at::kBFloat16);
+  const at::Tensor targets = at::randint(11, {2, 3});
+  const at::Tensor log_probs = logits.to(at::kDouble).log_softmax(-1);
+  const double expected = -log_probs.gather(-1, targets.unsqueeze(-1)).mean().item<double>();
+  const at::Tensor loss = next_token_loss(logits, targets);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  EXPECT_NEAR(loss.item<double>(), expected, 1e-5);
+}
+
+TEST(TrainingFlops, PalmFormulaForTheBaseModel) {
+  // 6 N + 12 L H d T = 6 x 35,926,528 + 12 x 12 x 8 x 64 x 1024
+  EXPECT_DOUBLE_EQ(training_flops_per_token(ModelConfig{}, 35'926'528, 1024),
+                   215'559'168.0 + 75'497'472.0);
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,198 @@
+#include "model/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "model/hf_state_dict.h"
+#include "tests/model/tiny_config.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::read_text;
+using testing::TemporaryDirectory;
+using testing::write_text;
+
+// A .safetensors file assembled by hand from a header and data, as the format describes it.
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  const uint64_t length = header.size();
+  std::string bytes(reinterpret_cast<const char*>(&length), sizeof(length));
+  return bytes + header + data;
+}
+
+// Runs load_safetensors and returns its UserError message ("" when it loaded).
+std::string load_error(const std::filesystem::path& path) {
+  try {
+    load_safetensors(path);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Safetensors, RoundTripKeepsNamesDtypesShapesAndValues) {
+  TemporaryDirectory dir;
+  at::manual_seed(0);
+  const NamedTensors tensors = {
+      {"a.f32", at::randn({3, 4})},
+      {"b.bf16", at::randn({5}).to(at::kBFloat16)},
+      {"c.f16", at::randn({2, 2, 2}).to(at::kHalf)},
+      {"d.i64", at::arange(7, at::kLong)},
+      {"e.scalar", at::tensor(3.5)},
+      {"f.empty", at::empty({0, 3})},
+      {"g.strided", at::randn({4, 6}).t()},  // non-contiguous input
+  };
+  save_safetensors(dir / "t.safetensors", tensors, {{"format", "pt"}});
+  const NamedTensors loaded = load_safetensors(dir / "t.safetensors");
+  ASSERT_EQ(loaded.size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    ASSERT_TRUE(loaded.contains(name)) << name;
+    EXPECT_EQ(loaded.at(name).scalar_type(), tensor.scalar_type()) << name;
+    EXPECT_TRUE(at::equal(loaded.at(name), tensor)) << name;
+  }
+}
+
+TEST(Safetensors, FileFollowsTheFormat) {
+  TemporaryDirectory dir;
+  save_safetensors(dir / "t.safetensors", {{"x", at::tensor({1.0f, 2.0f})}});
+  const std::string bytes = read_text(dir / "t.safetensors");
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  ASSERT_EQ(bytes.size(), 8 + header_length + 8);
+  EXPECT_EQ(header_length % 8, 0u) << "data is 8-byte aligned";
+  const auto header = nlohmann::json::parse(bytes.substr(8, header_length));
+  EXPECT_EQ(header["x"]["dtype"], "F32");
+  EXPECT_EQ(header["x"]["shape"], nlohmann::json::array({2}));
+  EXPECT_EQ(header["x"]["data_offsets"], nlohmann::json::array({0, 8}));
+  float values[2];
+  std::memcpy(values, bytes.data() + 8 + header_length, 8);
+  EXPECT_EQ(values[0], 1.0f);
+  EXPECT_EQ(values[1], 2.0f);
+}
+
+TEST(Safetensors, TruncatedFileNamesTheTensor) {
+  TemporaryDirectory dir;
+  save_safetensors(dir / "t.safetensors", {{"first", at::ones({4})}, {"second", at::ones({4})}});
+  std::string bytes = read_text(dir / "t.safetensors");
+  write_text(dir / "t.safetensors", bytes.substr(0, bytes.size() - 3));
+  const std::string message = load_error(dir / "t.safetensors");
+  EXPECT_NE(message.find("t.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("'second'"), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+
+  write_text(dir / "short.safetensors", bytes.substr(0, 5));
+  EXPECT_NE(load_error(dir / "short.safetensors").find("truncated"), std::string::npos);
+}
+
+TEST(Safetensors, BadHeadersAreClearErrors) {
+  TemporaryDirectory dir;
+  const auto path = dir / "bad.safetensors";
+  const std::string eight_bytes(8, '\0');
+
+  write_text(path, safetensors_bytes("{not json", ""));
+  EXPECT_NE(load_error(path).find("not valid JSON"), std::string::npos) << load_error(path);
+
+  std::string huge_length(8, '\xff');
+  write_text(path, huge_length + "{}");
+  EXPECT_NE(load_error(path).find("header length"), std::string::npos) << load_error(path);
+
+  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", eight_bytes));
+  EXPECT_NE(load_error(path).find("tensor 'w': unsupported dtype \"F33\""), std::string::npos) << load_error(path);
+
+  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", eight_bytes));
+  EXPECT_NE(load_error(path).find("tensor 'w': shape [3] of F32 needs 12 bytes"), std::string::npos) << load_error(path);
+
+  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [2]}})", eight_bytes));
+  EXPECT_NE(load_error(path).find("tensor 'w'"), std::string::npos) << load_error(path);
+
+  write_text(path, safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", eight_bytes));
+  EXPECT_NE(load_error(path).find("overlapping"), std::string::npos) << load_error(path);
+
+  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", eight_bytes));
+  EXPECT_NE(load_error(path).find("4 bytes of data follow the last tensor"), std::string::npos) << load_error(path);
+
+  EXPECT_NE(load_error(dir / "missing.safetensors").find("cannot open"), std::string::npos);
+}
+
+TEST(HfStateDict, NamesAreHuggingFaceLlamaNames) {
+  EXPECT_EQ(hf_parameter_name("token_embeddings.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(hf_parameter_name("layers.0.attn_norm.weight"), "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(hf_parameter_name("layers.10.attn.wq.weight"), "model.layers.10.self_attn.q_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.1.attn.wk.weight"), "model.layers.1.self_attn.k_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.1.attn.wv.weight"), "model.layers.1.self_attn.v_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.1.attn.wo.weight"), "model.layers.1.self_attn.o_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.2.ffn_norm.weight"), "model.layers.2.post_attention_layernorm.weight");
+  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_gate.weight"), "model.layers.2.mlp.gate_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_up.weight"), "model.layers.2.mlp.up_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_down.weight"), "model.layers.2.mlp.down_proj.weight");
+  EXPECT_EQ(hf_parameter_name("norm.weight"), "model.norm.weight");
+  EXPECT_EQ(hf_parameter_name("lm_head.weight"), "lm_head.weight");
+}
+
+TEST(HfStateDict, TiedModelOmitsLmHead) {
+  Llama model(testing::tiny_config());
+  const NamedTensors state = hf_state_dict(model);
+  EXPECT_FALSE(state.contains("lm_head.weight"));
+  EXPECT_EQ(state.size(), 2 + 9 * 2u);
+}
+
+TEST(HfStateDict, ModelWeightsRoundTrip) {
+  TemporaryDirectory dir;
+  at::manual_seed(1);
+  Llama saved(testing::tiny_config());
+  save_model_weights(saved, dir / "model.safetensors");
+  at::manual_seed(2);
+  Llama loaded(testing::tiny_config());
+  ASSERT_FALSE(at::equal(loaded->layers[1]->ffn->w_up->weight, saved->layers[1]->ffn->w_up->weight));
+  load_model_weights(loaded, dir / "model.safetensors");
+  for (const auto& [name, tensor] : hf_state_dict(saved)) {
+    EXPECT_TRUE(at::equal(hf_state_dict(loaded).at(name), tensor)) << name;
+  }
+}
+
+std::string load_into_tiny_model(const NamedTensors& tensors) {
+  Llama model(testing::tiny_config());
+  try {
+    load_hf_state_dict(model, tensors, "weights.safetensors");
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(HfStateDict, MismatchesNameEveryOffendingKey) {
+  Llama model(testing::tiny_config());
+  NamedTensors state = hf_state_dict(model);
+  EXPECT_EQ(load_into_tiny_model(state), "");
+
+  NamedTensors wrong = state;
+  wrong["model.layers.1.mlp.up_proj.weight"] = at::zeros({96, 65});
+  wrong.erase("model.norm.weight");
+  wrong["model.layers.0.self_attn.q_proj.weight"] = at::zeros({64, 64}, at::kLong);
+  wrong["lm_head.weight"] = at::zeros({97, 64});
+  const std::string message = load_into_tiny_model(wrong);
+  EXPECT_NE(message.find("weights.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.layers.1.mlp.up_proj.weight has shape [96, 65] in the file, [96, 64] in the model"), std::string::npos) << message;
+  EXPECT_NE(message.find("missing model.norm.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.layers.0.self_attn.q_proj.weight has non-floating dtype"), std::string::npos) << message;
+  EXPECT_NE(message.find("unexpected lm_head.weight"), std::string::npos) << message;
+}
+
+TEST(HfStateDict, FailedLoadLeavesTheModelUnchanged) {
+  at::manual_seed(3);
+  Llama model(testing::tiny_config());
+  const at::Tensor before = model->layers[0]->attn->wq->weight.clone();
+  NamedTensors state = hf_state_dict(Llama(testing::tiny_config()));
+  state.erase("model.norm.weight");
+  EXPECT_THROW(load_hf_state_dict(model, state, "x"), UserError);
+  EXPECT_TRUE(at::equal(model->layers[0]->attn->wq->weight, before));
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,38 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <filesystem>
+#include <string>
+
+namespace mltrain::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory();
+  ~TemporaryDirectory();
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command and collects what it printed and how it exited.
+CommandResult run_command(const std::string& command);
+
+void write_text(const std::filesystem::path& path, const std::string& text);
+std::string read_text(const std::filesystem::path& path);
+
+// ||actual - expected|| / ||expected|| in float64.
+double relative_error(const at::Tensor& actual, const at::Tensor& expected);
+
+}  // namespace mltrain::testing

@@ -1,0 +1,129 @@
+#include "trainer/config.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::TemporaryDirectory;
+using testing::write_text;
+
+// The UserError message of loading `yaml` with `overrides` ("" when it loads).
+std::string config_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  TemporaryDirectory dir;
+  write_text(dir / "run.yaml", yaml);
+  try {
+    load_config(dir / "run.yaml", overrides);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(Config, DefaultsAreTheDesignDocumentsValues) {
+  const Config c;
+  EXPECT_EQ(c.model.vocab_size, 4096);
+  EXPECT_EQ(c.model.max_seq_len, 1024);
+  EXPECT_EQ(c.model.init_std, 0.02);
+  EXPECT_EQ(c.data.micro_batch, 16);
+  EXPECT_EQ(c.data.grad_accum, 4);
+  EXPECT_EQ(c.optim.lr, 6.0e-4);
+  EXPECT_EQ(c.optim.beta2, 0.95);
+  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.keep_last, 3);
+  EXPECT_EQ(c.dist.bucket_mb, 25.0);
+  EXPECT_EQ(c.dist.timeout_s, 600);
+}
+
+TEST(Config, FileValuesAndOverridesApplyInOrder) {
+  TemporaryDirectory dir;
+  write_text(dir / "run.yaml", "model:\n  d_model: 256\n  n_layers: 4\noptim:\n  schedule: wsd\n");
+  const Config c = load_config(dir / "run.yaml", {"model.n_layers=6", "train.run_dir=runs/x", "model.n_layers=8",
+                                                   "dist.overlap=false", "optim.lr=1e-3"});
+  EXPECT_EQ(c.model.d_model, 256);
+  EXPECT_EQ(c.model.n_layers, 8);
+  EXPECT_EQ(c.optim.schedule, "wsd");
+  EXPECT_EQ(c.train.run_dir, "runs/x");
+  EXPECT_FALSE(c.dist.overlap);
+  EXPECT_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.model.n_q_heads, 8) << "untouched keys keep their defaults";
+}
+
+TEST(Config, UnknownKeyNamesFileLineAndNearestKey) {
+  const std::string message = config_error("model:\n  d_model: 256\n  n_kv_head: 2\n");
+  EXPECT_CONTAINS(message, "run.yaml:3");
+  EXPECT_CONTAINS(message, "unknown key model.n_kv_head");
+  EXPECT_CONTAINS(message, "did you mean model.n_kv_heads?");
+  EXPECT_CONTAINS(config_error("optimizer:\n  lr: 0.1\n"), "did you mean optim.lr?");
+  EXPECT_CONTAINS(config_error("", {"train.max_step=5"}), "--set train.max_step=5: unknown key train.max_step (did you mean train.max_steps?)");
+}
+
+TEST(Config, WrongTypesAreNamed) {
+  EXPECT_CONTAINS(config_error("model:\n  d_model: wide\n"), "model.d_model expects an integer, got \"wide\"");
+  EXPECT_CONTAINS(config_error("model:\n  d_model: 1.5\n"), "model.d_model expects an integer");
+  EXPECT_CONTAINS(config_error("optim:\n  lr: [1, 2]\n"), "optim.lr expects a number, got a YAML sequence");
+  EXPECT_CONTAINS(config_error("dist:\n  overlap: sometimes\n"), "dist.overlap expects true or false");
+  EXPECT_CONTAINS(config_error("model: 3\n"), "section model must be a mapping");
+  EXPECT_CONTAINS(config_error("", {"data.seed=x"}), "--set data.seed=x: data.seed expects an integer");
+  EXPECT_CONTAINS(config_error("", {"data.seed"}), "expected section.key=value");
+}
+
+TEST(Config, OutOfRangeValuesAreNamed) {
+  EXPECT_CONTAINS(config_error("data:\n  micro_batch: 0\n"), "data.micro_batch must be at least 1, got 0");
+  EXPECT_CONTAINS(config_error("optim:\n  beta2: 1.5\n"), "optim.beta2 must be between 0 and 1, got 1.5");
+  EXPECT_CONTAINS(config_error("optim:\n  schedule: exponential\n"), "optim.schedule must be one of cosine, constant, linear, wsd");
+  EXPECT_CONTAINS(config_error("train:\n  device: tpu\n"), "train.device must be one of auto, cpu, cuda");
+}
+
+TEST(Config, InconsistentValuesAreNamed) {
+  EXPECT_CONTAINS(config_error("model:\n  n_q_heads: 8\n  n_kv_heads: 3\n"), "model.n_q_heads (8) must be a multiple of model.n_kv_heads (3)");
+  EXPECT_CONTAINS(config_error("data:\n  seq_len: 2048\n"), "data.seq_len (2048) exceeds model.max_seq_len (1024)");
+  EXPECT_CONTAINS(config_error("train:\n  max_steps: 100\n"), "optim.warmup_steps (200) exceeds train.max_steps (100)");
+  EXPECT_CONTAINS(config_error("optim:\n  lr: 1e-5\n"), "optim.min_lr (6e-05) exceeds optim.lr (1e-05)");
+  EXPECT_CONTAINS(config_error("model:\n  head_dim: 63\n"), "model.head_dim (63) must be even");
+}
+
+TEST(Config, BadFilesAreNamed) {
+  EXPECT_CONTAINS(config_error("model:\n  d_model: [1\n"), "not valid YAML");
+  EXPECT_CONTAINS(config_error("- 1\n- 2\n"), "expected a mapping of sections");
+  try {
+    load_config("/nonexistent/run.yaml");
+    FAIL();
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "/nonexistent/run.yaml: cannot read the config file");
+  }
+}
+
+TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
+  TemporaryDirectory dir;
+  write_text(dir / "run.yaml", "data:\n  train: \"odd: 'name' #1 *.bin\"\noptim:\n  lr: 3.3e-4\n");
+  const Config original = load_config(dir / "run.yaml", {"model.norm_eps=1e-5", "dist.overlap=false"});
+  const std::string dumped = config_to_yaml(original);
+  write_text(dir / "dumped.yaml", dumped);
+  const Config reloaded = load_config(dir / "dumped.yaml");
+  EXPECT_EQ(config_to_yaml(reloaded), dumped);
+  EXPECT_EQ(reloaded.data.train, "odd: 'name' #1 *.bin");
+  EXPECT_EQ(reloaded.optim.lr, 3.3e-4);
+  EXPECT_EQ(reloaded.model.norm_eps, 1e-5);
+  EXPECT_FALSE(reloaded.dist.overlap);
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  const Config base = load_config(MLTRAIN_SOURCE_DIR "/configs/base.yaml");
+  EXPECT_EQ(base.data.micro_batch * base.data.grad_accum * base.data.seq_len * 8, 524'288)
+      << "base.yaml is a global batch of about 0.5M tokens on 8 GPUs";
+}
+
+TEST(Config, ReadmeListsEveryKeyWithItsDefault) {
+  const std::string readme = testing::read_text(MLTRAIN_SOURCE_DIR "/configs/README.md");
+  EXPECT_NE(readme.find(config_reference_markdown()), std::string::npos)
+      << "configs/README.md is out of date; its key table must be:\n" << config_reference_markdown();
+}
+
+}  // namespace
+}  // namespace mltrain

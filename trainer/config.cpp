@@ -1,0 +1,291 @@
+#include "trainer/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <type_traits>
+
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+// Where a value came from, for error messages: "configs/base.yaml:7" or "--set model.d_model=...".
+using Origin = std::string;
+
+// One documented key: how to read it into a Config and how to show its value.
+struct KeySpec {
+  std::string path;  // "section.key"
+  std::string description;
+  std::function<void(Config&, const YAML::Node&, const Origin&)> read;
+  std::function<std::string(const Config&)> show;
+  bool quoted = false;  // strings are written quoted so any text survives the round trip
+};
+
+template <class T>
+constexpr const char* type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  if constexpr (std::is_same_v<T, double>) return "a number";
+  return "a string";
+}
+
+// The limits a value must respect; each key sets the ones that apply.
+struct Limits {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  std::vector<std::string> choices;
+};
+
+Limits at_least(double min) { return Limits{min, std::numeric_limits<double>::infinity(), {}}; }
+Limits between(double min, double max) { return Limits{min, max, {}}; }
+Limits one_of(std::vector<std::string> choices) {
+  return Limits{-std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(),
+                std::move(choices)};
+}
+
+template <class T>
+void check_limits(const T& value, const Limits& limits, const std::string& path,
+                  const Origin& origin) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!limits.choices.empty() &&
+        std::find(limits.choices.begin(), limits.choices.end(), value) == limits.choices.end()) {
+      throw UserError(fmt::format("{}: {} must be one of {}, got \"{}\"", origin, path,
+                                  fmt::join(limits.choices, ", "), value));
+    }
+  } else if constexpr (!std::is_same_v<T, bool>) {
+    const double number = static_cast<double>(value);
+    if (!(number >= limits.min) || !(number <= limits.max)) {
+      const std::string range =
+          limits.max == std::numeric_limits<double>::infinity()
+              ? fmt::format("at least {}", limits.min)
+              : fmt::format("between {} and {}", limits.min, limits.max);
+      throw UserError(fmt::format("{}: {} must be {}, got {}", origin, path, range, value));
+    }
+  }
+}
+
+template <class Section, class T>
+KeySpec key(Section Config::*section, T Section::*field, std::string path,
+            std::string description, Limits limits = {}) {
+  KeySpec spec;
+  spec.path = path;
+  spec.description = std::move(description);
+  spec.quoted = std::is_same_v<T, std::string>;
+  spec.read = [section, field, path, limits](Config& config, const YAML::Node& node,
+                                             const Origin& origin) {
+    T value{};
+    bool converted = node.IsScalar();
+    if (converted) {
+      try {
+        value = node.as<T>();
+      } catch (const YAML::Exception&) {
+        converted = false;
+      }
+    }
+    if (!converted) {
+      throw UserError(fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(),
+                                  node.IsScalar() ? "\"" + node.Scalar() + "\"" : "a YAML " +
+                                  std::string(node.IsMap() ? "mapping" : "sequence")));
+    }
+    check_limits(value, limits, path, origin);
+    config.*section.*field = value;
+  };
+  spec.show = [section, field](const Config& config) {
+    return fmt::format("{}", config.*section.*field);
+  };
+  return spec;
+}
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      key(&Config::model, &ModelConfig::vocab_size, "model.vocab_size", "tokens in the vocabulary", at_least(1)),
+      key(&Config::model, &ModelConfig::d_model, "model.d_model", "width of the residual stream", at_least(1)),
+      key(&Config::model, &ModelConfig::n_layers, "model.n_layers", "decoder blocks", at_least(1)),
+      key(&Config::model, &ModelConfig::n_q_heads, "model.n_q_heads", "query heads per attention layer", at_least(1)),
+      key(&Config::model, &ModelConfig::n_kv_heads, "model.n_kv_heads", "key/value heads (grouped-query attention); divides n_q_heads", at_least(1)),
+      key(&Config::model, &ModelConfig::head_dim, "model.head_dim", "width of one attention head (even)", at_least(2)),
+      key(&Config::model, &ModelConfig::d_ffn, "model.d_ffn", "hidden width of the SwiGLU feed-forward", at_least(1)),
+      key(&Config::model, &ModelConfig::max_seq_len, "model.max_seq_len", "longest sequence the rotary tables cover", at_least(1)),
+      key(&Config::model, &ModelConfig::rope_theta, "model.rope_theta", "rotary embedding base", at_least(1)),
+      key(&Config::model, &ModelConfig::norm_eps, "model.norm_eps", "RMSNorm epsilon", at_least(0)),
+      key(&Config::model, &ModelConfig::tie_word_embeddings, "model.tie_word_embeddings", "output projection shares the embedding matrix"),
+      key(&Config::model, &ModelConfig::init_std, "model.init_std", "standard deviation of the initial weights", at_least(0)),
+
+      key(&Config::data, &DataConfig::train, "data.train", "glob of training token shards"),
+      key(&Config::data, &DataConfig::val, "data.val", "glob of validation token shards"),
+      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer", "SentencePiece model of the shards"),
+      key(&Config::data, &DataConfig::seq_len, "data.seq_len", "tokens per training sequence (<= model.max_seq_len)", at_least(1)),
+      key(&Config::data, &DataConfig::micro_batch, "data.micro_batch", "sequences per rank per forward pass", at_least(1)),
+      key(&Config::data, &DataConfig::grad_accum, "data.grad_accum", "micro-steps accumulated per optimizer step", at_least(1)),
+      key(&Config::data, &DataConfig::seed, "data.seed", "seed of the sample order and the initial weights", at_least(0)),
+      key(&Config::data, &DataConfig::prefetch, "data.prefetch", "batches the loader keeps ready", at_least(1)),
+
+      key(&Config::optim, &OptimConfig::lr, "optim.lr", "peak learning rate", at_least(0)),
+      key(&Config::optim, &OptimConfig::min_lr, "optim.min_lr", "learning rate at the end of the decay", at_least(0)),
+      key(&Config::optim, &OptimConfig::warmup_steps, "optim.warmup_steps", "steps of linear warmup (<= train.max_steps)", at_least(0)),
+      key(&Config::optim, &OptimConfig::schedule, "optim.schedule", "learning-rate schedule after warmup", one_of({"cosine", "constant", "linear", "wsd"})),
+      key(&Config::optim, &OptimConfig::beta1, "optim.beta1", "AdamW first-moment decay", between(0, 1)),
+      key(&Config::optim, &OptimConfig::beta2, "optim.beta2", "AdamW second-moment decay", between(0, 1)),
+      key(&Config::optim, &OptimConfig::eps, "optim.eps", "AdamW epsilon", at_least(0)),
+      key(&Config::optim, &OptimConfig::weight_decay, "optim.weight_decay", "decoupled weight decay of matrices (not norms)", at_least(0)),
+      key(&Config::optim, &OptimConfig::grad_clip, "optim.grad_clip", "clip the global gradient norm to this (0: off)", at_least(0)),
+
+      key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run", at_least(1)),
+      key(&Config::train, &TrainConfig::precision, "train.precision", "bf16 (autocast, fp32 master weights) or fp32", one_of({"bf16", "fp32"})),
+      key(&Config::train, &TrainConfig::device, "train.device", "auto (CUDA when present), cpu or cuda", one_of({"auto", "cpu", "cuda"})),
+      key(&Config::train, &TrainConfig::threads, "train.threads", "CPU intra-op threads (0: all cores)", at_least(0)),
+      key(&Config::train, &TrainConfig::run_dir, "train.run_dir", "directory of metrics, config and checkpoints"),
+      key(&Config::train, &TrainConfig::log_every, "train.log_every", "steps between progress lines", at_least(1)),
+      key(&Config::train, &TrainConfig::eval_every, "train.eval_every", "steps between validations", at_least(1)),
+      key(&Config::train, &TrainConfig::eval_batches, "train.eval_batches", "validation batches per evaluation (0: all)", at_least(0)),
+      key(&Config::train, &TrainConfig::ckpt_every, "train.ckpt_every", "steps between checkpoints", at_least(1)),
+      key(&Config::train, &TrainConfig::keep_last, "train.keep_last", "checkpoints kept on a rolling basis", at_least(1)),
+
+      key(&Config::dist, &DistConfig::backend, "dist.backend", "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
+      key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb", "gradient all-reduce bucket size in MiB", at_least(0.001)),
+      key(&Config::dist, &DistConfig::overlap, "dist.overlap", "all-reduce buckets while backward runs"),
+      key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype", "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
+      key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s", "seconds before a stuck collective is an error", at_least(1)),
+  };
+  return specs;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
+    }
+  }
+  return row[b.size()];
+}
+
+const KeySpec& find_key(const std::string& path, const Origin& origin) {
+  const auto& specs = key_specs();
+  const auto exact = std::find_if(specs.begin(), specs.end(),
+                                  [&](const KeySpec& spec) { return spec.path == path; });
+  if (exact != specs.end()) return *exact;
+  const auto nearest = std::min_element(specs.begin(), specs.end(), [&](const KeySpec& a, const KeySpec& b) {
+    return edit_distance(path, a.path) < edit_distance(path, b.path);
+  });
+  throw UserError(fmt::format("{}: unknown key {} (did you mean {}?)", origin, path, nearest->path));
+}
+
+Origin file_origin(const std::filesystem::path& file, const YAML::Node& node) {
+  return fmt::format("{}:{}", file.string(), node.Mark().line + 1);
+}
+
+void read_file(Config& config, const std::filesystem::path& file) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file.string());
+  } catch (const YAML::BadFile&) {
+    throw UserError(fmt::format("{}: cannot read the config file", file.string()));
+  } catch (const YAML::ParserException& error) {
+    throw UserError(fmt::format("{}:{}: not valid YAML: {}", file.string(), error.mark.line + 1, error.msg));
+  }
+  if (root.IsNull()) return;  // an empty file keeps every default
+  if (!root.IsMap()) throw UserError(fmt::format("{}: expected a mapping of sections", file.string()));
+  for (const auto& section : root) {
+    const std::string section_name = section.first.as<std::string>();
+    if (!section.second.IsMap()) {
+      throw UserError(fmt::format("{}: section {} must be a mapping of keys",
+                                  file_origin(file, section.first), section_name));
+    }
+    for (const auto& entry : section.second) {
+      const Origin origin = file_origin(file, entry.first);
+      const std::string path = section_name + "." + entry.first.as<std::string>();
+      find_key(path, origin).read(config, entry.second, origin);
+    }
+  }
+}
+
+void apply_override(Config& config, const std::string& assignment) {
+  const Origin origin = "--set " + assignment;
+  const size_t equals = assignment.find('=');
+  if (equals == std::string::npos || assignment.find('.') > equals) {
+    throw UserError(fmt::format("{}: expected section.key=value", origin));
+  }
+  const std::string path = assignment.substr(0, equals);
+  const KeySpec& spec = find_key(path, origin);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(equals + 1));
+  } catch (const YAML::ParserException& error) {
+    throw UserError(fmt::format("{}: the value is not valid YAML: {}", origin, error.msg));
+  }
+  spec.read(config, value, origin);
+}
+
+// Constraints between keys, checked once every value is known.
+void check_consistency(const Config& config, const std::string& source) {
+  try {
+    config.model.validate();
+  } catch (const UserError& error) {
+    throw UserError(fmt::format("{}: {}", source, error.what()));
+  }
+  if (config.data.seq_len > config.model.max_seq_len) {
+    throw UserError(fmt::format("{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
+                                config.data.seq_len, config.model.max_seq_len));
+  }
+  if (config.optim.warmup_steps > config.train.max_steps) {
+    throw UserError(fmt::format("{}: optim.warmup_steps ({}) exceeds train.max_steps ({})", source,
+                                config.optim.warmup_steps, config.train.max_steps));
+  }
+  if (config.optim.min_lr > config.optim.lr) {
+    throw UserError(fmt::format("{}: optim.min_lr ({}) exceeds optim.lr ({})", source,
+                                config.optim.min_lr, config.optim.lr));
+  }
+}
+
+}  // namespace
+
+Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+  Config config;
+  read_file(config, file);
+  for (const std::string& assignment : overrides) apply_override(config, assignment);
+  check_consistency(config, file.string());
+  return config;
+}
+
+std::string config_to_yaml(const Config& config) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string open_section;
+  for (const KeySpec& spec : key_specs()) {
+    const size_t dot = spec.path.find('.');
+    const std::string section = spec.path.substr(0, dot);
+    if (section != open_section) {
+      if (!open_section.empty()) out << YAML::EndMap;
+      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      open_section = section;
+    }
+    out << YAML::Key << spec.path.substr(dot + 1) << YAML::Value;
+    if (spec.quoted) out << YAML::DoubleQuoted;
+    out << spec.show(config);
+  }
+  out << YAML::EndMap << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_reference_markdown() {
+  const Config defaults;
+  std::string text = "| key | default | meaning |\n| --- | --- | --- |\n";
+  for (const KeySpec& spec : key_specs()) {
+    text += fmt::format("| `{}` | `{}` | {} |\n", spec.path, spec.show(defaults), spec.description);
+  }
+  return text;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,34 @@
+#include "trainer/dry_run.h"
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+#include <torch/version.h>
+
+#include "model/llama.h"
+#include "trainer/device.h"
+#include "trainer/model_summary.h"
+
+namespace mltrain {
+
+void dry_run(const Config& config) {
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  const c10::Device device = resolve_device(config.train.device);
+  spdlog::info("mltrain {} on LibTorch {}, device {}", MLTRAIN_VERSION, TORCH_VERSION,
+               describe_device(device));
+
+  Llama model(config.model);
+  model->to(device);
+  spdlog::info("parameters:\n{}", parameter_table(model));
+
+  const int64_t seq_len = config.data.seq_len;
+  const double flops = training_flops_per_token(config.model, model->num_parameters(), seq_len);
+  spdlog::info("training FLOPs per token: {:.2f} MFLOP = 6 N + 12 n_layers n_q_heads head_dim "
+               "seq_len (N = {}, seq_len = {})",
+               flops / 1e6, model->num_parameters(), seq_len);
+  const int64_t tokens = config.data.micro_batch * config.data.grad_accum * seq_len;
+  spdlog::info("tokens per optimizer step and rank: {} = micro_batch {} x grad_accum {} x seq_len {}",
+               tokens, config.data.micro_batch, config.data.grad_accum, seq_len);
+  spdlog::info("dry run: the config is valid and the model builds; nothing was trained");
+}
+
+}  // namespace mltrain
