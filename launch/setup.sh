@@ -18,6 +18,8 @@ debian_packages=(
   libsentencepiece-dev sentencepiece nlohmann-json3-dev
   # the Python that hosts the torch wheel
   python3 python3-venv
+  # real text for the bundled demo corpus and the data tests: English and Chinese fortunes
+  fortunes fortunes-zh
 )
 
 say() { printf '[setup] %s\n' "$*"; }

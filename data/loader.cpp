@@ -1,0 +1,83 @@
+#include "data/loader.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+namespace mltrain {
+
+at::Tensor gather_windows(const TokenWindows& windows, const std::vector<int64_t>& indices,
+                          bool pin_memory) {
+  const int64_t length = windows.window_length();
+  at::Tensor tokens = at::empty({static_cast<int64_t>(indices.size()), length},
+                                at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory));
+  int64_t* data = tokens.data_ptr<int64_t>();
+  for (size_t row = 0; row < indices.size(); ++row) {
+    windows.read(indices[row], {data + row * length, static_cast<size_t>(length)});
+  }
+  return tokens;
+}
+
+Loader::Loader(const TokenWindows& windows, Sampler sampler, int64_t rank, int64_t start_sample,
+               int64_t prefetch, bool pin_memory)
+    : windows_(windows),
+      sampler_(std::move(sampler)),
+      rank_(rank),
+      prefetch_(prefetch),
+      pin_memory_(pin_memory),
+      next_step_start_(start_sample),
+      thread_([this] { produce(); }) {}
+
+Loader::~Loader() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void Loader::produce() {
+  try {
+    while (true) {
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [this] {
+          return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_;
+        });
+        if (stopping_) return;
+      }
+      MicroBatch batch{gather_windows(windows_, sampler_.windows(next_step_start_, next_micro_step_, rank_),
+                                      pin_memory_),
+                       next_step_start_, next_micro_step_};
+      if (++next_micro_step_ == sampler_.layout().grad_accum) {
+        next_micro_step_ = 0;
+        next_step_start_ += sampler_.layout().global_batch();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        ready_.push_back(std::move(batch));
+      }
+      changed_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    error_ = std::current_exception();
+    changed_.notify_all();
+  }
+}
+
+MicroBatch Loader::next() {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [this] { return !ready_.empty() || error_; });
+  waited_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (ready_.empty()) std::rethrow_exception(error_);
+  MicroBatch batch = std::move(ready_.front());
+  ready_.pop_front();
+  lock.unlock();
+  changed_.notify_all();
+  return batch;
+}
+
+}  // namespace mltrain

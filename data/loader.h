@@ -1,0 +1,64 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "data/sampler.h"
+#include "data/token_windows.h"
+
+namespace mltrain {
+
+// One micro-batch of windows: tokens [micro_batch, seq_len + 1] (int64); the model reads
+// tokens[:, :-1] and predicts tokens[:, 1:].
+struct MicroBatch {
+  at::Tensor tokens;
+  int64_t step_start;  // the first sample of the optimizer step this belongs to
+  int64_t micro_step;
+};
+
+// Gathers this rank's micro-batches on a background thread, in training order from `start_sample`
+// on, keeping `prefetch` of them ready. With pin_memory (CUDA runs) the buffers are page-locked so
+// the copy to the device can be asynchronous. An error on the thread is rethrown by next().
+class Loader {
+ public:
+  Loader(const TokenWindows& windows, Sampler sampler, int64_t rank, int64_t start_sample,
+         int64_t prefetch, bool pin_memory);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  MicroBatch next();
+
+  // Seconds next() spent waiting for the thread: loader time that shows up in training steps.
+  double waited_seconds() const { return waited_seconds_; }
+
+ private:
+  void produce();
+
+  const TokenWindows& windows_;
+  Sampler sampler_;
+  int64_t rank_;
+  int64_t prefetch_;
+  bool pin_memory_;
+  int64_t next_step_start_;
+  int64_t next_micro_step_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<MicroBatch> ready_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  double waited_seconds_ = 0.0;
+  std::thread thread_;  // last: started once everything above is initialised
+};
+
+// Reads the given windows into a [count, seq_len + 1] int64 tensor.
+at::Tensor gather_windows(const TokenWindows& windows, const std::vector<int64_t>& indices,
+                          bool pin_memory = false);
+
+}  // namespace mltrain

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+
+namespace mltrain {
+
+// The llm.c token shard: a header of 256 little-endian int32 ([0] magic, [1] version, [2] token
+// count), then the tokens. Magic 20240520 / version 1 holds uint16 tokens; magic 20240801 /
+// version 7 holds uint32 tokens, for vocabularies over 65,536. The count is read as unsigned, and
+// every offset is 64-bit, so shards over 4 GiB work.
+inline constexpr int64_t kShardHeaderInts = 256;
+inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+inline constexpr int32_t kShardMagicU16 = 20240520;
+inline constexpr int32_t kShardVersionU16 = 1;
+inline constexpr int32_t kShardMagicU32 = 20240801;
+inline constexpr int32_t kShardVersionU32 = 7;
+
+// Bytes per token a shard for this vocabulary uses: 2 when every id fits uint16, else 4.
+int token_bytes_for_vocab(int64_t vocab_size);
+
+// Writes tokens as a shard of the narrowest token type that holds vocab_size, atomically
+// (temporary name, fsync, rename). Ids must be below vocab_size.
+void write_shard(const std::filesystem::path& path, std::span<const uint32_t> tokens,
+                 int64_t vocab_size);
+
+// A shard mapped read-only; never copied whole. Opening validates the header, that the file size
+// is exactly header + count x token size, and, with a full vectorised scan, that every token id
+// is below vocab_size. Each failure is a UserError naming the file, the offset and the problem.
+class ShardReader {
+ public:
+  ShardReader(std::filesystem::path path, int64_t vocab_size);
+  ~ShardReader();
+  ShardReader(ShardReader&& other) noexcept;
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+  ShardReader& operator=(ShardReader&&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  int token_bytes() const { return token_bytes_; }
+
+  // Copies tokens [start, start + out.size()) into out, widened to int64.
+  void read(int64_t start, std::span<int64_t> out) const;
+
+ private:
+  void check_token_ids(int64_t vocab_size) const;
+
+  std::filesystem::path path_;
+  const unsigned char* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  int64_t num_tokens_ = 0;
+  int token_bytes_ = 0;
+};
+
+}  // namespace mltrain

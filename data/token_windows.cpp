@@ -1,0 +1,50 @@
+#include "data/token_windows.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace mltrain {
+
+std::vector<std::string> expand_glob(const std::string& pattern) {
+  glob_t matches{};
+  const int result = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+  ::globfree(&matches);
+  if (result != 0 || paths.empty()) {
+    throw UserError(fmt::format("no token shards match {} (prepare a corpus with mlprep, or set "
+                                "data.train / data.val)",
+                                pattern));
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t vocab_size)
+    : seq_len_(seq_len) {
+  window_starts_.push_back(0);
+  for (const std::string& path : expand_glob(pattern)) {
+    ShardReader shard(path, vocab_size);
+    const int64_t windows = shard.num_tokens() > seq_len ? (shard.num_tokens() - 1) / seq_len : 0;
+    if (windows == 0) {
+      throw UserError(fmt::format("{}: {} tokens are fewer than one window of data.seq_len + 1 = "
+                                  "{} tokens",
+                                  path, shard.num_tokens(), seq_len + 1));
+    }
+    num_tokens_ += shard.num_tokens();
+    window_starts_.push_back(window_starts_.back() + windows);
+    shards_.push_back(std::move(shard));
+  }
+}
+
+void TokenWindows::read(int64_t index, std::span<int64_t> out) const {
+  // The shard whose window range holds index: the last start not after it.
+  const auto next = std::upper_bound(window_starts_.begin(), window_starts_.end() - 1, index);
+  const size_t shard = static_cast<size_t>(next - window_starts_.begin()) - 1;
+  shards_[shard].read((index - window_starts_[shard]) * seq_len_, out.first(seq_len_ + 1));
+}
+
+}  // namespace mltrain

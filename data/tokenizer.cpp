@@ -1,0 +1,144 @@
+#include "data/tokenizer.h"
+
+#include <fmt/format.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_map>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+// Feeds the trainer one line of the documents at a time: SentencePiece learns from lines, and the
+// newlines themselves are encoded through byte fallback.
+class LineIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit LineIterator(const std::vector<std::string>& documents) : documents_(documents) { advance(); }
+  bool done() const override { return document_ >= documents_.size(); }
+  void Next() override { advance(); }
+  const std::string& value() const override { return line_; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  void advance() {
+    while (document_ < documents_.size()) {
+      const std::string& text = documents_[document_];
+      if (offset_ >= text.size()) {
+        ++document_;
+        offset_ = 0;
+        continue;
+      }
+      const size_t end = std::min(text.find('\n', offset_), text.size());
+      line_ = text.substr(offset_, end - offset_);
+      offset_ = end + 1;
+      if (!line_.empty()) return;
+    }
+  }
+
+  const std::vector<std::string>& documents_;
+  size_t document_ = 0;
+  size_t offset_ = 0;
+  std::string line_;
+};
+
+// SentencePiece gives every character within `character_coverage` of the text a piece of its own.
+// Chinese text has thousands of characters, more than a small vocabulary holds, so the coverage is
+// lowered until the commonest characters fill at most half the vocabulary (SentencePiece accepts
+// no less than 0.98); the rarer ones are encoded through byte fallback.
+double character_coverage(const std::vector<std::string>& documents, int64_t vocab_size) {
+  constexpr double kFullCoverage = 0.9995;
+  std::unordered_map<uint32_t, int64_t> counts;
+  int64_t total = 0;
+  for (const std::string& text : documents) {
+    for (size_t i = 0; i < text.size();) {
+      const unsigned char lead = static_cast<unsigned char>(text[i]);
+      const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      uint32_t code = 0;
+      for (size_t j = i; j < std::min(i + length, text.size()); ++j) code = code << 8 | static_cast<unsigned char>(text[j]);
+      if (code != '\n') {
+        ++counts[code];
+        ++total;
+      }
+      i += length;
+    }
+  }
+  std::vector<int64_t> frequencies;
+  for (const auto& [code, count] : counts) frequencies.push_back(count);
+  std::sort(frequencies.rbegin(), frequencies.rend());
+  const size_t most_characters = static_cast<size_t>(vocab_size / 2);
+  if (frequencies.size() <= most_characters) return kFullCoverage;
+  const int64_t covered = std::accumulate(frequencies.begin(), frequencies.begin() + most_characters - 1, int64_t{0});
+  constexpr double kLeastCoverage = 0.98;
+  return std::clamp(static_cast<double>(covered) / static_cast<double>(total) - 1e-6, kLeastCoverage,
+                    kFullCoverage);
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(const std::filesystem::path& model)
+    : path_(model), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  if (!std::filesystem::exists(model)) {
+    throw UserError(fmt::format("{}: tokenizer model not found (data.tokenizer; mlprep writes "
+                                "tokenizer.model beside the shards)",
+                                model.string()));
+  }
+  const auto status = processor_->Load(model.string());
+  if (!status.ok()) {
+    throw UserError(fmt::format("{}: not a SentencePiece model ({})", model.string(), status.ToString()));
+  }
+}
+
+Tokenizer::~Tokenizer() = default;
+
+std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int> ids;
+  const auto status = processor_->Encode(text, &ids);
+  if (!status.ok()) throw std::runtime_error("SentencePiece encode failed: " + status.ToString());
+  return {ids.begin(), ids.end()};
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const { return processor_->DecodeIds(ids); }
+
+int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
+
+uint32_t Tokenizer::end_of_document() const { return static_cast<uint32_t>(processor_->eos_id()); }
+
+void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
+                     const std::filesystem::path& model) {
+  const std::unordered_map<std::string, std::string> options = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(vocab_size)},
+      {"byte_fallback", "true"},
+      {"character_coverage", std::to_string(character_coverage(documents, vocab_size))},
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"add_dummy_prefix", "false"},
+      {"split_digits", "true"},
+      {"allow_whitespace_only_pieces", "true"},
+      {"max_sentence_length", "65536"},
+      {"input_sentence_size", "4000000"},
+      {"shuffle_input_sentence", "true"},
+      {"num_threads", std::to_string(threads)},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"minloglevel", "2"},
+  };
+  LineIterator lines(documents);
+  std::string serialized;
+  const auto status = sentencepiece::SentencePieceTrainer::Train(options, &lines, &serialized);
+  if (!status.ok()) {
+    throw UserError(fmt::format("training a {}-token tokenizer failed: {}", vocab_size, status.ToString()));
+  }
+  AtomicFileWriter file(model);
+  file.write(serialized);
+  file.commit();
+}
+
+}  // namespace mltrain

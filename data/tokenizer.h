@@ -1,0 +1,40 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace mltrain {
+
+// A SentencePiece model: text <-> token ids. Encoding is const and safe from several threads.
+class Tokenizer {
+ public:
+  // A missing or unreadable model is a UserError naming the file.
+  explicit Tokenizer(const std::filesystem::path& model);
+  ~Tokenizer();
+
+  std::vector<uint32_t> encode(std::string_view text) const;
+  std::string decode(const std::vector<int>& ids) const;
+  int64_t vocab_size() const;
+  // The token that ends every document in a prepared corpus.
+  uint32_t end_of_document() const;
+
+ private:
+  std::filesystem::path path_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+};
+
+// Trains a byte-level BPE SentencePiece model on the documents and writes it atomically to
+// `model`. Byte fallback makes every input encodable; no normalisation and no dummy prefix make
+// decode(encode(text)) == text; the character coverage suits Chinese as well as English.
+void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
+                     const std::filesystem::path& model);
+
+}  // namespace mltrain

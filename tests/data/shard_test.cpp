@@ -1,0 +1,143 @@
+#include "data/shard.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::TemporaryDirectory;
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// A shard written by hand from llm.c's documented layout, not by write_shard.
+template <class Token>
+void write_llmc_shard(const std::filesystem::path& path, int32_t magic, int32_t version,
+                      const std::vector<Token>& tokens, int64_t count_in_header) {
+  std::array<int32_t, 256> header{};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count_in_header);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(Token));
+}
+
+std::vector<int64_t> read_all(const ShardReader& shard) {
+  std::vector<int64_t> tokens(shard.num_tokens());
+  shard.read(0, tokens);
+  return tokens;
+}
+
+std::string open_error(const std::filesystem::path& path, int64_t vocab_size = 70000) {
+  try {
+    ShardReader shard(path, vocab_size);
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Shard, ReadsShardsWrittenFromTheLlmcLayout) {
+  TemporaryDirectory dir;
+  const std::vector<uint16_t> narrow = {0, 1, 65535, 42, 7};
+  write_llmc_shard(dir / "u16.bin", 20240520, 1, narrow, 5);
+  const std::vector<uint32_t> wide = {0, 65536, 99999, 3};
+  write_llmc_shard(dir / "u32.bin", 20240801, 7, wide, 4);
+
+  const ShardReader u16(dir / "u16.bin", 65536);
+  EXPECT_EQ(u16.token_bytes(), 2);
+  EXPECT_EQ(read_all(u16), (std::vector<int64_t>{0, 1, 65535, 42, 7}));
+  const ShardReader u32(dir / "u32.bin", 100000);
+  EXPECT_EQ(u32.token_bytes(), 4);
+  EXPECT_EQ(read_all(u32), (std::vector<int64_t>{0, 65536, 99999, 3}));
+  std::vector<int64_t> middle(2);
+  u32.read(1, middle);
+  EXPECT_EQ(middle, (std::vector<int64_t>{65536, 99999}));
+}
+
+TEST(Shard, WriterPicksTheNarrowestTypeAndRoundTrips) {
+  TemporaryDirectory dir;
+  std::vector<uint32_t> tokens(1000);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  write_shard(dir / "small.bin", tokens, 4096);
+  EXPECT_EQ(std::filesystem::file_size(dir / "small.bin"), 1024 + 1000 * 2u);
+  const ShardReader small(dir / "small.bin", 4096);
+  EXPECT_EQ(small.token_bytes(), 2);
+  EXPECT_EQ(read_all(small), std::vector<int64_t>(tokens.begin(), tokens.end()));
+
+  tokens[500] = 70000;
+  write_shard(dir / "large.bin", tokens, 70001);
+  EXPECT_EQ(std::filesystem::file_size(dir / "large.bin"), 1024 + 1000 * 4u);
+  const ShardReader large(dir / "large.bin", 70001);
+  EXPECT_EQ(large.token_bytes(), 4);
+  EXPECT_EQ(read_all(large), std::vector<int64_t>(tokens.begin(), tokens.end()));
+
+  // The header, read back as plain int32s.
+  std::array<int32_t, 3> header{};
+  std::ifstream(dir / "large.bin", std::ios::binary).read(reinterpret_cast<char*>(header.data()), 12);
+  EXPECT_EQ(header, (std::array<int32_t, 3>{20240801, 7, 1000}));
+}
+
+TEST(Shard, DamagedShardsNameTheFileAndTheProblem) {
+  TemporaryDirectory dir;
+  const std::vector<uint16_t> tokens = {1, 2, 3, 4};
+  write_llmc_shard(dir / "magic.bin", 12345, 1, tokens, 4);
+  EXPECT_CONTAINS(open_error(dir / "magic.bin"), "magic.bin: offset 0: magic 12345 is not a token shard's");
+  write_llmc_shard(dir / "version.bin", 20240520, 3, tokens, 4);
+  EXPECT_CONTAINS(open_error(dir / "version.bin"), "version.bin: offset 4: unknown version 3");
+  write_llmc_shard(dir / "truncated.bin", 20240520, 1, tokens, 5);
+  EXPECT_CONTAINS(open_error(dir / "truncated.bin"), "truncated.bin: offset 8: the header counts 5 tokens");
+  EXPECT_CONTAINS(open_error(dir / "truncated.bin"), "(truncated)");
+  write_llmc_shard(dir / "long.bin", 20240520, 1, tokens, 3);
+  EXPECT_CONTAINS(open_error(dir / "long.bin"), "(longer than its count)");
+  std::ofstream(dir / "tiny.bin") << "abc";
+  EXPECT_CONTAINS(open_error(dir / "tiny.bin"), "tiny.bin: 3 bytes is shorter than the 1024-byte shard header");
+  EXPECT_CONTAINS(open_error(dir / "absent.bin"), "absent.bin: cannot open token shard");
+}
+
+TEST(Shard, OutOfRangeTokenNamesItsOffset) {
+  TemporaryDirectory dir;
+  const std::vector<uint16_t> tokens = {1, 2, 4096, 4};
+  write_llmc_shard(dir / "ids.bin", 20240520, 1, tokens, 4);
+  const std::string message = open_error(dir / "ids.bin", 4096);
+  EXPECT_CONTAINS(message, "ids.bin: offset 1028: token 4096 (index 2) is not below the vocabulary size 4096");
+  EXPECT_EQ(open_error(dir / "ids.bin", 4097), "");
+}
+
+// A sparse uint32 shard past 4 GiB: offsets beyond 32 bits must read the right tokens.
+TEST(Shard, ShardsOverFourGibibytesWork) {
+  TemporaryDirectory dir;
+  const int64_t count = 1'100'000'000;  // 4.4 GB of uint32 tokens
+  const auto path = dir / "huge.bin";
+  {
+    std::array<int32_t, 256> header{};
+    header[0] = 20240801;
+    header[1] = 7;
+    header[2] = static_cast<int32_t>(count);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, header.data(), sizeof(header), 0), static_cast<ssize_t>(sizeof(header)));
+    const uint32_t marks[2] = {77, 99};
+    ASSERT_EQ(::pwrite(fd, marks, sizeof(marks), 1024 + (count - 2) * 4), static_cast<ssize_t>(sizeof(marks)));
+    ::close(fd);
+  }
+  const ShardReader shard(path, 100);
+  EXPECT_EQ(shard.num_tokens(), count);
+  std::vector<int64_t> tail(3);
+  shard.read(count - 3, tail);
+  EXPECT_EQ(tail, (std::vector<int64_t>{0, 77, 99}));
+}
+
+}  // namespace
+}  // namespace mltrain
