@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -28,6 +29,22 @@ std::string read_file(const std::filesystem::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// Some fortune files colour their text with terminal escape sequences (ESC [ ... letter), which
+// are markup for a terminal, not text to learn.
+std::string without_terminal_escapes(const std::string& text) {
+  std::string clean;
+  clean.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
+      i += 2;
+      while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+      continue;
+    }
+    clean += text[i];
+  }
+  return clean;
 }
 
 // Splits text at lines that `is_separator` accepts; the separators themselves are dropped.
@@ -158,7 +175,8 @@ std::vector<std::string> read_documents(const std::vector<std::filesystem::path>
         }, documents);
         break;
       case DocumentFormat::kFortune:
-        split_at_lines(text, [](const std::string& line) { return line == "%" || line == "%\r"; }, documents);
+        split_at_lines(without_terminal_escapes(text),
+                       [](const std::string& line) { return line == "%" || line == "%\r"; }, documents);
         break;
       case DocumentFormat::kJsonl:
         read_jsonl(path, text, documents);

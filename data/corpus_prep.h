@@ -11,7 +11,8 @@ namespace mltrain {
 enum class DocumentFormat {
   kText,     // plain text; blank lines separate documents (a file without one is one document)
   kJsonl,    // one JSON object per line with a "text" field
-  kFortune,  // fortune files: a line holding only "%" separates documents
+  kFortune,  // fortune files: a line holding only "%" separates documents; terminal colour
+             // escapes are removed
 };
 
 // "text", "jsonl" or "fortune"; anything else is a UserError.

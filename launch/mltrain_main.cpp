@@ -7,6 +7,8 @@
 #include "trainer/command_line.h"
 #include "trainer/config.h"
 #include "trainer/dry_run.h"
+#include "trainer/loss_plot.h"
+#include "trainer/training_run.h"
 
 int main(int argc, char** argv) {
   mltrain::setup_logging(/*rank=*/0);
@@ -20,12 +22,18 @@ int main(int argc, char** argv) {
         mltrain::load_config(command_line.config_path, command_line.overrides);
     if (command_line.dump_config) {
       fmt::print("{}", mltrain::config_to_yaml(config));
-      return 0;
-    }
-    if (command_line.dry_run) {
+    } else if (command_line.dry_run) {
       mltrain::dry_run(config);
-      return 0;
+    } else if (command_line.plot) {
+      mltrain::draw_loss_curve(config.train.run_dir);
+    } else if (command_line.eval_only) {
+      mltrain::evaluate_weights(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
+    } else if (!command_line.resume.empty()) {
+      throw mltrain::UserError("resuming training from a checkpoint is not implemented yet; --resume "
+                               "works with --eval-only");
+    } else {
+      mltrain::train(config);
     }
-    throw mltrain::UserError("training is not implemented yet: use --dry-run or --dump-config");
+    return 0;
   });
 }

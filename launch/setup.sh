@@ -20,6 +20,8 @@ debian_packages=(
   python3 python3-venv
   # real text for the bundled demo corpus and the data tests: English and Chinese fortunes
   fortunes fortunes-zh
+  # the loss curve
+  gnuplot-nox
 )
 
 say() { printf '[setup] %s\n' "$*"; }

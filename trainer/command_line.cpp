@@ -14,6 +14,10 @@ Trains the LLaMA-style model that CONFIG.yaml describes (see configs/README.md f
 
 options:
   --set section.key=value   override one config key (repeatable; later ones win)
+  --eval-only               evaluate trained weights on the validation data; trains nothing
+  --resume auto|PATH        the weights --eval-only evaluates: auto is train.run_dir, else a run
+                            directory or a .safetensors file
+  --plot                    draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit
   --dry-run                 validate the config, build the model, print its parameters and
                             FLOPs per token, and exit
   --dump-config             print the effective config as YAML and exit
@@ -32,6 +36,13 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       command_line.dry_run = true;
     } else if (argument == "--dump-config") {
       command_line.dump_config = true;
+    } else if (argument == "--eval-only") {
+      command_line.eval_only = true;
+    } else if (argument == "--plot") {
+      command_line.plot = true;
+    } else if (argument == "--resume") {
+      if (i + 1 == argc) throw UserError("--resume needs auto or a path");
+      command_line.resume = argv[++i];
     } else if (argument == "--set") {
       if (i + 1 == argc) throw UserError("--set needs section.key=value");
       command_line.overrides.emplace_back(argv[++i]);
@@ -47,6 +58,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   if (command_line.config_path.empty() && !command_line.help) {
     throw UserError("no config file given (usage: mltrain CONFIG.yaml [options]; see --help)");
+  }
+  if (command_line.eval_only && command_line.resume.empty()) {
+    throw UserError("--eval-only needs trained weights: add --resume auto (the run directory) or "
+                    "--resume PATH");
   }
   return command_line;
 }

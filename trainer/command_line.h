@@ -5,12 +5,16 @@
 
 namespace mltrain {
 
-// mltrain CONFIG.yaml [--set section.key=value]... [--dry-run] [--dump-config] [--help]
+// mltrain CONFIG.yaml [--set section.key=value]... [--resume auto|PATH] [--eval-only] [--dry-run]
+//         [--dump-config] [--plot] [--help]
 struct CommandLine {
   std::string config_path;
   std::vector<std::string> overrides;
+  std::string resume;  // "auto" (train.run_dir), a run directory or a weights file; empty: none
+  bool eval_only = false;
   bool dry_run = false;
   bool dump_config = false;
+  bool plot = false;
   bool help = false;
 };
 

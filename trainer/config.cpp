@@ -135,6 +135,7 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::optim, &OptimConfig::eps, "optim.eps", "AdamW epsilon", at_least(0)),
       key(&Config::optim, &OptimConfig::weight_decay, "optim.weight_decay", "decoupled weight decay of matrices (not norms)", at_least(0)),
       key(&Config::optim, &OptimConfig::grad_clip, "optim.grad_clip", "clip the global gradient norm to this (0: off)", at_least(0)),
+      key(&Config::optim, &OptimConfig::decay_fraction, "optim.decay_fraction", "share of all steps the wsd schedule decays over", between(0, 1)),
 
       key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run", at_least(1)),
       key(&Config::train, &TrainConfig::precision, "train.precision", "bf16 (autocast, fp32 master weights) or fp32", one_of({"bf16", "fp32"})),

@@ -30,6 +30,7 @@ struct OptimConfig {
   double eps = 1.0e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
+  double decay_fraction = 0.2;
 };
 
 struct TrainConfig {

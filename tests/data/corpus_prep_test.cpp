@@ -82,7 +82,7 @@ TEST(CorpusPrep, ReadsTheThreeDocumentFormats) {
   testing::write_text(dir / "c.jsonl", "{\"text\": \"one\\ntwo\", \"id\": 1}\n\n{\"text\": \"three\"}\n");
   EXPECT_EQ(read_documents({dir / "c.jsonl"}, DocumentFormat::kJsonl),
             (std::vector<std::string>{"one\ntwo", "three"}));
-  testing::write_text(dir / "d", "A fortune.\n%\nAnother,\n  indented.\n%\n");
+  testing::write_text(dir / "d", "A fortune.\n%\nAnother,\n  \x1b[33mindented\x1b[m.\n%\n");
   EXPECT_EQ(read_documents({dir / "d"}, DocumentFormat::kFortune),
             (std::vector<std::string>{"A fortune.", "Another,\n  indented."}));
 }

@@ -1,0 +1,137 @@
+// AdamW against its closed form, the learning-rate schedules at their key steps, and gradient
+// accumulation against one large batch.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "model/llama.h"
+#include "tests/model/tiny_config.h"
+#include "tests/support/test_support.h"
+#include "trainer/adamw.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/train_step.h"
+
+namespace mltrain {
+namespace {
+
+// AdamW written out for one parameter in float64 (Loshchilov & Hutter, with bias correction).
+struct ClosedFormAdamW {
+  at::Tensor p, m, v;
+  int64_t t = 0;
+  void step(const at::Tensor& g, double lr, double b1, double b2, double eps, double wd) {
+    ++t;
+    p = p * (1 - lr * wd);
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const at::Tensor m_hat = m / (1 - std::pow(b1, t));
+    const at::Tensor v_hat = v / (1 - std::pow(b2, t));
+    p = p - lr * m_hat / (v_hat.sqrt() + eps);
+  }
+};
+
+class AdamWKernels : public ::testing::TestWithParam<AdamWKernel> {};
+
+TEST_P(AdamWKernels, MatchesTheClosedFormAndDecaysOnlyMatrices) {
+  at::manual_seed(0);
+  const at::Tensor matrix = at::randn({6, 5}).requires_grad_(true);
+  const at::Tensor vector = at::randn({5}).requires_grad_(true);
+  const AdamWOptions options{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  AdamW optimizer({matrix, vector}, options, GetParam());
+  ClosedFormAdamW matrix_ref{matrix.detach().to(at::kDouble), at::zeros({6, 5}, at::kDouble), at::zeros({6, 5}, at::kDouble)};
+  ClosedFormAdamW vector_ref{vector.detach().to(at::kDouble), at::zeros({5}, at::kDouble), at::zeros({5}, at::kDouble)};
+  for (int step = 0; step < 5; ++step) {
+    const double lr = 1e-2 * (step + 1);
+    matrix.mutable_grad() = at::randn({6, 5});
+    vector.mutable_grad() = at::randn({5});
+    matrix_ref.step(matrix.grad().to(at::kDouble), lr, 0.9, 0.95, 1e-8, 0.1);
+    vector_ref.step(vector.grad().to(at::kDouble), lr, 0.9, 0.95, 1e-8, /*wd=*/0.0);
+    optimizer.step(lr);
+    optimizer.zero_grad();
+    EXPECT_LE(testing::relative_error(matrix, matrix_ref.p), 1e-6) << "step " << step;
+    EXPECT_LE(testing::relative_error(vector, vector_ref.p), 1e-6) << "step " << step;
+    EXPECT_FALSE(matrix.grad().defined());
+  }
+  EXPECT_EQ(optimizer.steps(), 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AdamWKernels, ::testing::Values(AdamWKernel::kFused, AdamWKernel::kForEach),
+                         [](const auto& info) { return info.param == AdamWKernel::kFused ? "Fused" : "ForEach"; });
+
+TEST(ClipGradNorm, ScalesToTheLimitAndReportsTheNormBefore) {
+  const at::Tensor a = at::zeros({2}).requires_grad_(true);
+  const at::Tensor b = at::zeros({1}).requires_grad_(true);
+  a.mutable_grad() = at::tensor({3.0f, 0.0f});
+  b.mutable_grad() = at::tensor({4.0f});
+  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-5);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
+  EXPECT_NEAR(clip_grad_norm({a, b}, 10.0), 1.0, 1e-5);  // under the limit: unchanged
+  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
+}
+
+OptimConfig schedule(const std::string& name) {
+  OptimConfig optim;
+  optim.lr = 1.0;
+  optim.min_lr = 0.1;
+  optim.warmup_steps = 10;
+  optim.schedule = name;
+  optim.decay_fraction = 0.2;
+  return optim;
+}
+
+TEST(LearningRate, WarmupIsLinearFromLrOverWarmupSteps) {
+  for (const char* name : {"cosine", "linear", "constant", "wsd"}) {
+    EXPECT_DOUBLE_EQ(learning_rate(schedule(name), 110, 0), 0.1) << name;
+    EXPECT_DOUBLE_EQ(learning_rate(schedule(name), 110, 4), 0.5) << name;
+    EXPECT_DOUBLE_EQ(learning_rate(schedule(name), 110, 9), 1.0) << name;
+  }
+}
+
+TEST(LearningRate, DecaysReachMinLrAtTheEnd) {
+  // 100 decay steps after 10 of warmup.
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("cosine"), 110, 10), 1.0);
+  EXPECT_NEAR(learning_rate(schedule("cosine"), 110, 60), 0.1 + 0.9 * 0.5, 1e-12);
+  EXPECT_NEAR(learning_rate(schedule("cosine"), 110, 35), 0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi / 4)), 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("cosine"), 110, 110), 0.1);
+  EXPECT_NEAR(learning_rate(schedule("linear"), 110, 60), 0.55, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("linear"), 110, 110), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("constant"), 110, 100), 1.0);
+  // wsd: stable until 80% of 110 steps (88), then linear to min_lr over the last 22.
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("wsd"), 110, 87), 1.0);
+  EXPECT_NEAR(learning_rate(schedule("wsd"), 110, 99), 1.0 - 0.9 * 11.0 / 22.0, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(schedule("wsd"), 110, 110), 0.1);
+}
+
+TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
+  at::manual_seed(3);
+  const at::Tensor windows = at::randint(testing::tiny_config().vocab_size, {8, 17});
+  at::manual_seed(4);
+  Llama accumulated(testing::tiny_config());
+  at::manual_seed(4);
+  Llama whole(testing::tiny_config());
+  const c10::Device cpu(c10::kCPU);
+  double accumulated_loss = 0.0;
+  for (int64_t micro = 0; micro < 4; ++micro) {
+    accumulated_loss += forward_backward(accumulated, windows.narrow(0, 2 * micro, 2), 4, cpu, false).item<double>();
+  }
+  const double whole_loss = forward_backward(whole, windows, 1, cpu, false).item<double>();
+  EXPECT_NEAR(accumulated_loss, whole_loss, 1e-6);
+  for (const auto& item : accumulated->named_parameters()) {
+    EXPECT_LE(testing::relative_error(item.value().grad(), whole->named_parameters()[item.key()].grad()), 1e-6)
+        << item.key();
+  }
+  AdamW first(accumulated->parameters(), {}, AdamWKernel::kFused);
+  AdamW second(whole->parameters(), {}, AdamWKernel::kFused);
+  first.step(1e-3);
+  second.step(1e-3);
+  const auto a = accumulated->named_parameters();
+  const auto b = whole->named_parameters();
+  for (const auto& item : a) {
+    EXPECT_LE(testing::relative_error(item.value(), b[item.key()]), 1e-6) << item.key();
+  }
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,35 @@
+#include "trainer/precision.h"
+
+#include <ATen/autocast_mode.h>
+#include <spdlog/spdlog.h>
+
+namespace mltrain {
+
+AutocastGuard::AutocastGuard(c10::Device device, bool enabled)
+    : device_type_(device.type()), enabled_(enabled) {
+  if (!enabled_) return;
+  previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!enabled_) return;
+  // As torch.autocast's __exit__: the outermost exit drops the cache of casted weights.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+bool use_bf16_autocast(const std::string& precision, c10::Device device) {
+  if (precision != "bf16") return false;
+  if (device.is_cpu()) {
+    spdlog::warn("train.precision bf16 on the CPU: autocast runs, but most CPUs lack native bf16 "
+                 "and run it slower than fp32 (set train.precision: fp32)");
+  }
+  return true;
+}
+
+}  // namespace mltrain

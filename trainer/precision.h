@@ -1,0 +1,33 @@
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace mltrain {
+
+// Mixed precision for the forward pass: with train.precision bf16, matmuls and attention run in
+// bf16 under autocast while the weights, the optimizer state and the loss stay fp32. Constructed
+// around the forward pass only (backward replays the recorded dtypes), it enables autocast for the
+// device with an explicit dtype and, when it ends, restores the previous state and clears the
+// autocast cache of casted weights, which are stale once the optimizer steps.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::Device device, bool enabled);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType device_type_;
+  bool enabled_;
+  bool previous_enabled_ = false;
+  c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
+};
+
+// Whether train.precision asks for bf16 autocast on this device. bf16 on a CPU is slow without
+// native bf16 units; it is allowed, with a warning.
+bool use_bf16_autocast(const std::string& precision, c10::Device device);
+
+}  // namespace mltrain
