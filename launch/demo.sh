@@ -17,7 +17,7 @@ build/bin/mlprep --input "${fortunes[@]}" --format fortune --vocab-size 4096 --o
 step "training configs/smoke.yaml into runs/smoke/"
 build/bin/mltrain configs/smoke.yaml
 
-step "evaluating runs/smoke/model.safetensors"
+step "evaluating the newest checkpoint in runs/smoke/checkpoints/"
 build/bin/mltrain configs/smoke.yaml --eval-only --resume auto
 
 step "sampling from the trained model"

@@ -9,14 +9,16 @@
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/hf_state_dict.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 
 namespace {
 
 const char* const kUsage = R"(usage: mlgen RUN_DIR [--prompt TEXT] [--tokens N]
 
-Loads RUN_DIR/config.yaml, RUN_DIR/model.safetensors and the config's tokenizer, and prints the
-prompt continued greedily by the model until the end of a document or N new tokens (default 64).
+Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
+and prints the prompt continued greedily by the model until the end of a document or N new
+tokens (default 64).
 )";
 
 }  // namespace
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
     const mltrain::Config config = mltrain::load_config(std::filesystem::path(run_dir) / "config.yaml");
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);
     mltrain::Llama model(config.model);
-    mltrain::load_model_weights(model, std::filesystem::path(run_dir) / "model.safetensors");
+    mltrain::load_model_weights(model, mltrain::find_weights(run_dir));
     model->eval();
 
     std::vector<int64_t> ids;

@@ -28,11 +28,8 @@ int main(int argc, char** argv) {
       mltrain::draw_loss_curve(config.train.run_dir);
     } else if (command_line.eval_only) {
       mltrain::evaluate_weights(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
-    } else if (!command_line.resume.empty()) {
-      throw mltrain::UserError("resuming training from a checkpoint is not implemented yet; --resume "
-                               "works with --eval-only");
     } else {
-      mltrain::train(config);
+      mltrain::train(config, command_line.resume);
     }
     return 0;
   });

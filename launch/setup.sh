@@ -15,7 +15,7 @@ debian_packages=(
   build-essential cmake ninja-build ccache git
   # libraries
   libopenmpi-dev openmpi-bin libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libsentencepiece-dev sentencepiece nlohmann-json3-dev
+  libsentencepiece-dev sentencepiece nlohmann-json3-dev libxxhash-dev
   # the Python that hosts the torch wheel
   python3 python3-venv
   # real text for the bundled demo corpus and the data tests: English and Chinese fortunes

@@ -45,11 +45,17 @@ std::string hf_parameter_name(const std::string& name) {
   throw std::logic_error("no Hugging Face name for parameter " + name);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> hf_named_parameters(const Llama& model) {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) {
+    named.emplace_back(hf_parameter_name(item.key()), item.value());
+  }
+  return named;
+}
+
 NamedTensors hf_state_dict(const Llama& model) {
   NamedTensors state;
-  for (const auto& item : model->named_parameters()) {
-    state.emplace(hf_parameter_name(item.key()), item.value().detach());
-  }
+  for (const auto& [name, parameter] : hf_named_parameters(model)) state.emplace(name, parameter.detach());
   return state;
 }
 

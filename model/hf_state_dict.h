@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/llama.h"
 #include "model/safetensors.h"
@@ -12,6 +14,10 @@ namespace mltrain {
 // layers.3.attn.wq.weight -> model.layers.3.self_attn.q_proj.weight. The layouts are the same
 // (rotate-half RoPE, [out, in] projections), so weights map one to one without permutation.
 std::string hf_parameter_name(const std::string& name);
+
+// The model's parameters (themselves, gradients and all) under Hugging Face names, in registration
+// order.
+std::vector<std::pair<std::string, at::Tensor>> hf_named_parameters(const Llama& model);
 
 // The model's parameters under Hugging Face names. Tied models have no lm_head.weight, as
 // Hugging Face writes them. The tensors share storage with the model.

@@ -2,7 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+
+#include "common/error.h"
 
 namespace mltrain {
 namespace {
@@ -16,14 +20,15 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& parameters) {
 
 }  // namespace
 
-AdamW::AdamW(const std::vector<at::Tensor>& parameters, AdamWOptions options, AdamWKernel kernel)
+AdamW::AdamW(const NamedParameters& parameters, AdamWOptions options, AdamWKernel kernel)
     : options_(options), kernel_(kernel) {
   Group decayed;
   decayed.weight_decay = options.weight_decay;
   Group not_decayed;
   not_decayed.weight_decay = 0.0;
-  for (const at::Tensor& parameter : parameters) {
+  for (const auto& [name, parameter] : parameters) {
     Group& group = parameter.dim() >= 2 ? decayed : not_decayed;
+    group.names.push_back(name);
     group.parameters.push_back(parameter);
     group.exp_avgs.push_back(at::zeros_like(parameter, at::MemoryFormat::Preserve));
     group.exp_avg_sqs.push_back(at::zeros_like(parameter, at::MemoryFormat::Preserve));
@@ -68,6 +73,33 @@ void AdamW::foreach_step(Group& group, double lr) {
   at::_foreach_div_(denominators, std::sqrt(bias2));
   at::_foreach_add_(denominators, options_.eps);
   at::_foreach_addcdiv_(group.parameters, group.exp_avgs, denominators, -lr / bias1);
+}
+
+NamedTensors AdamW::state() const {
+  NamedTensors state;
+  for (const Group& group : groups_) {
+    for (size_t i = 0; i < group.names.size(); ++i) {
+      state.emplace(group.names[i] + ".exp_avg", group.exp_avgs[i]);
+      state.emplace(group.names[i] + ".exp_avg_sq", group.exp_avg_sqs[i]);
+      state.emplace(group.names[i] + ".step", group.state_steps[i]);
+    }
+  }
+  return state;
+}
+
+void AdamW::load_state(const NamedTensors& saved, const std::string& source) {
+  const NamedTensors own = state();
+  for (const auto& [name, tensor] : own) {
+    const auto found = saved.find(name);
+    if (found == saved.end() || found->second.sizes() != tensor.sizes()) {
+      throw UserError(fmt::format("{}: optimizer state {} is {}", source, name,
+                                  found == saved.end() ? "missing" : "of another shape"));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : own) at::Tensor(tensor).copy_(saved.at(name));
+  // Every parameter has taken every step: any one count is the optimizer's.
+  steps_ = groups_.empty() ? 0 : static_cast<int64_t>(groups_.front().state_steps.front().item<double>());
 }
 
 void AdamW::zero_grad() {

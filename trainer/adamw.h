@@ -4,7 +4,10 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "model/safetensors.h"
 
 namespace mltrain {
 
@@ -20,19 +23,29 @@ struct AdamWOptions {
 // (Loshchilov & Hutter) with bias correction and decoupled weight decay.
 enum class AdamWKernel { kFused, kForEach };
 
+using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
 // AdamW over a model's parameters. Weight decay applies to matrices (embeddings and projections)
 // and not to vectors (norm weights), as is usual for transformers.
 class AdamW {
  public:
-  AdamW(const std::vector<at::Tensor>& parameters, AdamWOptions options, AdamWKernel kernel);
+  AdamW(const NamedParameters& parameters, AdamWOptions options, AdamWKernel kernel);
 
   // One update with learning rate `lr` from the parameters' .grad().
   void step(double lr);
   void zero_grad();
   int64_t steps() const { return steps_; }
 
+  // The moments and step counts, as "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.step"
+  // (sharing storage with the optimizer).
+  NamedTensors state() const;
+  // Restores a state() of the same parameters; a missing or misshapen entry is a UserError naming
+  // `source` and the entry.
+  void load_state(const NamedTensors& saved, const std::string& source);
+
  private:
   struct Group {
+    std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     std::vector<at::Tensor> exp_avgs;
     std::vector<at::Tensor> exp_avg_sqs;

@@ -14,9 +14,11 @@ Trains the LLaMA-style model that CONFIG.yaml describes (see configs/README.md f
 
 options:
   --set section.key=value   override one config key (repeatable; later ones win)
-  --eval-only               evaluate trained weights on the validation data; trains nothing
-  --resume auto|PATH        the weights --eval-only evaluates: auto is train.run_dir, else a run
-                            directory or a .safetensors file
+  --resume auto|PATH        continue training from a checkpoint: auto is the newest in
+                            train.run_dir (none: start fresh), else a checkpoint directory
+  --eval-only               evaluate trained weights on the validation data and exit: those of
+                            --resume (auto: the run's newest checkpoint, or a checkpoint
+                            directory or .safetensors file)
   --plot                    draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit
   --dry-run                 validate the config, build the model, print its parameters and
                             FLOPs per token, and exit

@@ -147,6 +147,9 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::train, &TrainConfig::eval_batches, "train.eval_batches", "validation batches per evaluation (0: all)", at_least(0)),
       key(&Config::train, &TrainConfig::ckpt_every, "train.ckpt_every", "steps between checkpoints", at_least(1)),
       key(&Config::train, &TrainConfig::keep_last, "train.keep_last", "checkpoints kept on a rolling basis", at_least(1)),
+      key(&Config::train, &TrainConfig::keep_every, "train.keep_every", "checkpoints at multiples of this step are kept for good (0: none)", at_least(0)),
+      key(&Config::train, &TrainConfig::stop_at, "train.stop_at", "stop with a checkpoint once this many steps are done, to resume later (0: run to max_steps)", at_least(0)),
+      key(&Config::train, &TrainConfig::max_bad_steps, "train.max_bad_steps", "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
 
       key(&Config::dist, &DistConfig::backend, "dist.backend", "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
       key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb", "gradient all-reduce bucket size in MiB", at_least(0.001)),
@@ -278,6 +281,16 @@ std::string config_to_yaml(const Config& config) {
   }
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after) {
+  std::vector<ConfigChange> changes;
+  for (const KeySpec& spec : key_specs()) {
+    const std::string old_value = spec.show(before);
+    const std::string new_value = spec.show(after);
+    if (old_value != new_value) changes.push_back({spec.path, old_value, new_value});
+  }
+  return changes;
 }
 
 std::string config_reference_markdown() {

@@ -44,6 +44,9 @@ struct TrainConfig {
   int64_t eval_batches = 20;
   int64_t ckpt_every = 1000;
   int64_t keep_last = 3;
+  int64_t keep_every = 0;
+  int64_t stop_at = 0;
+  int64_t max_bad_steps = 5;
 };
 
 struct DistConfig {
@@ -70,6 +73,14 @@ Config load_config(const std::filesystem::path& file, const std::vector<std::str
 
 // The effective config as YAML that load_config reads back to the same Config.
 std::string config_to_yaml(const Config& config);
+
+// A key whose value differs between two configs, with both values as YAML shows them.
+struct ConfigChange {
+  std::string key;
+  std::string before;
+  std::string after;
+};
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after);
 
 // The table of every key, its default and its description, as configs/README.md shows it.
 std::string config_reference_markdown();

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <utility>
 #include <vector>
 
 namespace mltrain {
@@ -16,27 +16,32 @@ void draw_loss_curve(const std::filesystem::path& run_dir) {
     spdlog::info("no gnuplot on the PATH: skipping {}", (run_dir / "loss.png").string());
     return;
   }
-  // The latest run is what follows the last start event.
+  // A run starting at step 0 replaces what came before; a resumed run (starting at step s)
+  // replaces the points after s, which the interrupted run may have logged.
   std::ifstream metrics(run_dir / "metrics.jsonl");
-  std::ostringstream train_points;
-  std::ostringstream val_points;
+  std::vector<std::pair<int64_t, double>> train_points;
+  std::vector<std::pair<int64_t, double>> val_points;
   for (std::string line; std::getline(metrics, line);) {
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_discarded()) continue;
+    if (record.is_discarded() || !record.contains("step")) continue;
+    const int64_t step = record["step"].get<int64_t>();
     if (record.value("event", "") == "start") {
-      train_points.str("");
-      val_points.str("");
-    } else if (record.contains("loss")) {
-      train_points << record["step"].get<int64_t>() << ' ' << record["loss"].get<double>() << '\n';
-    } else if (record.contains("val_loss") && record.contains("step")) {
-      val_points << record["step"].get<int64_t>() << ' ' << record["val_loss"].get<double>() << '\n';
+      for (auto* points : {&train_points, &val_points}) {
+        std::erase_if(*points, [step](const auto& point) { return point.first > step; });
+      }
+    } else if (record.contains("loss") && !record.contains("skipped")) {
+      train_points.emplace_back(step, record["loss"].get<double>());
+    } else if (record.contains("val_loss")) {
+      val_points.emplace_back(step, record["val_loss"].get<double>());
     }
   }
   const auto train_file = run_dir / "loss_train.dat";
   const auto val_file = run_dir / "loss_val.dat";
   const auto script_file = run_dir / "loss.gnuplot";
-  std::ofstream(train_file) << train_points.str();
-  std::ofstream(val_file) << val_points.str();
+  for (const auto& [file, points] : {std::pair{train_file, &train_points}, std::pair{val_file, &val_points}}) {
+    std::ofstream out(file);
+    for (const auto& [step, loss] : *points) out << step << ' ' << loss << '\n';
+  }
   std::ofstream(script_file) << fmt::format(
       "set terminal pngcairo size 900,540\n"
       "set output '{}'\n"

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <array>
 #include <cstdio>
@@ -32,6 +35,32 @@ CommandResult run_command(const std::string& command) {
   while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), read);
   const int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+BackgroundProcess::BackgroundProcess(const std::string& command, const std::filesystem::path& output) {
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    const std::string shell_command = "exec " + command + " >'" + output.string() + "' 2>&1";
+    ::execl("/bin/sh", "sh", "-c", shell_command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (!finished_) {
+    ::kill(pid_, SIGKILL);
+    wait();
+  }
+}
+
+void BackgroundProcess::signal(int signal_number) const { ::kill(pid_, signal_number); }
+
+int BackgroundProcess::wait() {
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  finished_ = true;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 void write_text(const std::filesystem::path& path, const std::string& text) {

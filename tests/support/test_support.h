@@ -29,6 +29,24 @@ struct CommandResult {
 // Runs a shell command and collects what it printed and how it exited.
 CommandResult run_command(const std::string& command);
 
+// A shell command running in the background, its output going to a file; for tests that signal
+// or watch a running process.
+class BackgroundProcess {
+ public:
+  BackgroundProcess(const std::string& command, const std::filesystem::path& output);
+  ~BackgroundProcess();  // kills the process if it is still running
+  BackgroundProcess(const BackgroundProcess&) = delete;
+  BackgroundProcess& operator=(const BackgroundProcess&) = delete;
+
+  void signal(int signal_number) const;
+  // The exit code (128 + signal when killed by one).
+  int wait();
+
+ private:
+  int pid_;
+  bool finished_ = false;
+};
+
 void write_text(const std::filesystem::path& path, const std::string& text);
 std::string read_text(const std::filesystem::path& path);
 

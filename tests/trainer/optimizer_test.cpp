@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "model/hf_state_dict.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
@@ -38,7 +39,7 @@ TEST_P(AdamWKernels, MatchesTheClosedFormAndDecaysOnlyMatrices) {
   const at::Tensor matrix = at::randn({6, 5}).requires_grad_(true);
   const at::Tensor vector = at::randn({5}).requires_grad_(true);
   const AdamWOptions options{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  AdamW optimizer({matrix, vector}, options, GetParam());
+  AdamW optimizer({{"matrix", matrix}, {"vector", vector}}, options, GetParam());
   ClosedFormAdamW matrix_ref{matrix.detach().to(at::kDouble), at::zeros({6, 5}, at::kDouble), at::zeros({6, 5}, at::kDouble)};
   ClosedFormAdamW vector_ref{vector.detach().to(at::kDouble), at::zeros({5}, at::kDouble), at::zeros({5}, at::kDouble)};
   for (int step = 0; step < 5; ++step) {
@@ -122,8 +123,8 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
     EXPECT_LE(testing::relative_error(item.value().grad(), whole->named_parameters()[item.key()].grad()), 1e-6)
         << item.key();
   }
-  AdamW first(accumulated->parameters(), {}, AdamWKernel::kFused);
-  AdamW second(whole->parameters(), {}, AdamWKernel::kFused);
+  AdamW first(hf_named_parameters(accumulated), {}, AdamWKernel::kFused);
+  AdamW second(hf_named_parameters(whole), {}, AdamWKernel::kFused);
   first.step(1e-3);
   second.step(1e-3);
   const auto a = accumulated->named_parameters();

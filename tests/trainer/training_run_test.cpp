@@ -5,8 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "data/shard.h"
 #include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
 
 namespace mltrain {
 namespace {
@@ -18,42 +18,9 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path) {
   return records;
 }
 
-// A stream in which every token determines the next: 0, 7, 14, ... (mod 31). A model that learns
-// it predicts every next token, so its loss falls from ln(32) = 3.47 towards zero.
-void write_learnable_stream(const std::filesystem::path& path, size_t length) {
-  std::vector<uint32_t> tokens(length);
-  for (size_t i = 0; i < length; ++i) tokens[i] = static_cast<uint32_t>(i * 7 % 31);
-  write_shard(path, tokens, 32);
-}
-
-Config tiny_run(const testing::TemporaryDirectory& dir) {
-  Config config;
-  config.model = {.vocab_size = 32, .d_model = 32, .n_layers = 2, .n_q_heads = 4, .n_kv_heads = 2,
-                  .head_dim = 8, .d_ffn = 64, .max_seq_len = 32};
-  config.data.train = (dir / "train_*.bin").string();
-  config.data.val = (dir / "val_*.bin").string();
-  config.data.tokenizer = "";
-  config.data.seq_len = 16;
-  config.data.micro_batch = 8;
-  config.data.grad_accum = 2;
-  config.optim.lr = 1e-2;
-  config.optim.min_lr = 1e-3;
-  config.optim.warmup_steps = 5;
-  config.train.max_steps = 60;
-  config.train.precision = "fp32";
-  config.train.device = "cpu";
-  config.train.run_dir = (dir / "run").string();
-  config.train.log_every = 10;
-  config.train.eval_every = 20;
-  config.train.eval_batches = 0;
-  return config;
-}
-
 TEST(TrainingRun, LearnsALearnableStream) {
   testing::TemporaryDirectory dir;
-  write_learnable_stream(dir / "train_000000.bin", 20000);
-  write_learnable_stream(dir / "val_000000.bin", 2000);
-  const Config config = tiny_run(dir);
+  const Config config = testing::tiny_run(dir.path());
   train(config);
 
   const auto records = read_metrics(dir / "run" / "metrics.jsonl");

@@ -1,0 +1,186 @@
+#include "trainer/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "model/safetensors.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+#include "trainer/training_run.h"
+
+namespace mltrain {
+namespace {
+
+using testing::TemporaryDirectory;
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// step -> loss, and step -> val_loss, of every line of a metrics.jsonl.
+struct Curves {
+  std::map<int64_t, double> loss;
+  std::map<int64_t, double> val_loss;
+};
+
+Curves read_curves(const std::filesystem::path& run_dir) {
+  Curves curves;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.contains("loss")) curves.loss[record["step"]] = record["loss"];
+    if (record.contains("val_loss")) curves.val_loss[record["step"]] = record["val_loss"];
+  }
+  return curves;
+}
+
+void expect_same_tensors(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const NamedTensors first = load_safetensors(a);
+  const NamedTensors second = load_safetensors(b);
+  ASSERT_EQ(first.size(), second.size());
+  for (const auto& [name, tensor] : first) {
+    EXPECT_TRUE(at::equal(tensor, second.at(name))) << name << " differs between " << a << " and " << b;
+  }
+}
+
+Config resumable_run(const TemporaryDirectory& dir, const std::string& run) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 14;
+  config.train.log_every = 3;
+  config.train.eval_every = 4;
+  config.train.run_dir = (dir / run).string();
+  return config;
+}
+
+TEST(Resume, StoppedAndResumedRunEqualsAnUnbrokenOneBitForBit) {
+  TemporaryDirectory dir;
+  train(resumable_run(dir, "unbroken"));
+
+  Config first_half = resumable_run(dir, "resumed");
+  first_half.train.stop_at = 7;  // neither a multiple of log_every (3) nor of eval_every (4)
+  train(first_half);
+  const auto halfway = CheckpointStore(first_half.train.run_dir).latest();
+  ASSERT_TRUE(halfway);
+  EXPECT_EQ(halfway->filename(), "step_00000007");
+  train(resumable_run(dir, "resumed"), "auto");
+
+  const Curves unbroken = read_curves(dir / "unbroken");
+  const Curves resumed = read_curves(dir / "resumed");
+  for (const int64_t step : {1, 3, 6, 9, 12, 14}) {
+    ASSERT_TRUE(resumed.loss.contains(step)) << step;
+    EXPECT_EQ(resumed.loss.at(step), unbroken.loss.at(step)) << "loss of step " << step;
+  }
+  EXPECT_EQ(resumed.val_loss, unbroken.val_loss);
+  expect_same_tensors(dir / "unbroken/checkpoints/step_00000014/model.safetensors",
+                      dir / "resumed/checkpoints/step_00000014/model.safetensors");
+  expect_same_tensors(dir / "unbroken/checkpoints/step_00000014/optimizer.safetensors",
+                      dir / "resumed/checkpoints/step_00000014/optimizer.safetensors");
+}
+
+TEST(Checkpoints, LayoutStateAndRetention) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 12;
+  config.train.ckpt_every = 2;
+  config.train.keep_last = 2;
+  config.train.keep_every = 4;
+  train(config);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) names.insert(entry.path().filename());
+  // The newest two, the multiples of 4, and the pointer.
+  EXPECT_EQ(names, (std::set<std::string>{"latest", "step_00000004", "step_00000008", "step_00000010", "step_00000012"}));
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000012\n");
+  const auto state = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000012" / "state.json"));
+  EXPECT_EQ(state["step"], 12);
+  EXPECT_EQ(state["samples_consumed"], 12 * 16);
+  EXPECT_EQ(state["tokens_seen"], 12 * 16 * 16);
+  EXPECT_EQ(state["world_size"], 1);
+  EXPECT_TRUE(state["best_val_loss"].is_number());
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "config.yaml"}) {
+    EXPECT_TRUE(state["checksums_xxh3"].contains(file)) << file;
+  }
+  EXPECT_TRUE(state["versions"].contains("torch"));
+  EXPECT_EQ(load_config(checkpoints / "step_00000012" / "config.yaml").model.d_model, 32);
+}
+
+// The UserError of resuming `config`, or "".
+std::string resume_error(const Config& config) {
+  try {
+    train(config, "auto");
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Resume, DamagedCheckpointFilesAreNamed) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.optim.warmup_steps = 1;
+  train(config);
+  const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
+  const std::string optimizer = testing::read_text(checkpoint / "optimizer.safetensors");
+  std::string flipped = optimizer;
+  flipped[flipped.size() / 2] ^= 0x10;
+  testing::write_text(checkpoint / "optimizer.safetensors", flipped);
+  config.train.max_steps = 8;
+  EXPECT_CONTAINS(resume_error(config), "optimizer.safetensors: checksum mismatch");
+  testing::write_text(checkpoint / "optimizer.safetensors", optimizer.substr(0, optimizer.size() - 100));
+  EXPECT_CONTAINS(resume_error(config), "optimizer.safetensors: checksum mismatch");
+  std::filesystem::remove(checkpoint / "model.safetensors");
+  EXPECT_CONTAINS(resume_error(config), "model.safetensors: missing from the checkpoint");
+  testing::write_text(checkpoint / "state.json", "{\"step\": ");
+  EXPECT_CONTAINS(resume_error(config), "state.json: damaged checkpoint state");
+}
+
+TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.optim.warmup_steps = 1;
+  train(config);
+  Config changed = config;
+  changed.model.d_model = 64;
+  changed.model.d_ffn = 128;
+  changed.train.max_steps = 8;
+  const std::string message = resume_error(changed);
+  EXPECT_CONTAINS(message, "the checkpoint is of another model");
+  EXPECT_CONTAINS(message, "model.d_model is 32 in the checkpoint, 64 in the config");
+  EXPECT_CONTAINS(message, "model.d_ffn is 64 in the checkpoint, 128 in the config");
+  // Keys outside the model may change.
+  Config longer = config;
+  longer.train.max_steps = 6;
+  longer.optim.lr = 5e-3;
+  EXPECT_EQ(resume_error(longer), "");
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006"));
+}
+
+TEST(Resume, StaleTemporaryDirectoriesAreRemoved) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 2;
+  config.optim.warmup_steps = 1;
+  train(config);
+  const auto stale = dir / "run" / "checkpoints" / "step_00000004.tmp";
+  std::filesystem::create_directories(stale);
+  testing::write_text(stale / "model.safetensors", "half");
+  config.train.max_steps = 4;
+  train(config, "auto");
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000004" / "state.json"));
+}
+
+TEST(Resume, AutoWithoutACheckpointStartsFresh) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 2;
+  config.optim.warmup_steps = 1;
+  train(config, "auto");
+  EXPECT_TRUE(CheckpointStore(dir / "run").latest());
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,48 @@
+#pragma once
+
+#include <filesystem>
+
+#include "data/shard.h"
+#include "trainer/config.h"
+
+namespace mltrain::testing {
+
+// A stream in which every token determines the next: 0, 7, 14, ... (mod 31). A model that learns
+// it predicts every next token, so its loss falls from ln(32) = 3.47 towards zero.
+inline void write_learnable_stream(const std::filesystem::path& path, size_t length) {
+  std::vector<uint32_t> tokens(length);
+  for (size_t i = 0; i < length; ++i) tokens[i] = static_cast<uint32_t>(i * 7 % 31);
+  write_shard(path, tokens, 32);
+}
+
+// A run of a tiny model on learnable streams in `dir` (train_000000.bin, val_000000.bin, written
+// here), on the CPU in fp32, with gradient accumulation.
+inline Config tiny_run(const std::filesystem::path& dir) {
+  if (!std::filesystem::exists(dir / "train_000000.bin")) {
+    write_learnable_stream(dir / "train_000000.bin", 20000);
+    write_learnable_stream(dir / "val_000000.bin", 2000);
+  }
+  Config config;
+  config.model = {.vocab_size = 32, .d_model = 32, .n_layers = 2, .n_q_heads = 4, .n_kv_heads = 2,
+                  .head_dim = 8, .d_ffn = 64, .max_seq_len = 32};
+  config.data.train = (dir / "train_*.bin").string();
+  config.data.val = (dir / "val_*.bin").string();
+  config.data.tokenizer = "";
+  config.data.seq_len = 16;
+  config.data.micro_batch = 8;
+  config.data.grad_accum = 2;
+  config.optim.lr = 1e-2;
+  config.optim.min_lr = 1e-3;
+  config.optim.warmup_steps = 5;
+  config.train.max_steps = 60;
+  config.train.precision = "fp32";
+  config.train.device = "cpu";
+  config.train.run_dir = (dir / "run").string();
+  config.train.log_every = 10;
+  config.train.eval_every = 20;
+  config.train.eval_batches = 0;
+  config.train.ckpt_every = 1000;
+  return config;
+}
+
+}  // namespace mltrain::testing
