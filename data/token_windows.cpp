@@ -3,7 +3,9 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "common/error.h"
 
@@ -26,7 +28,15 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t vocab_size)
     : seq_len_(seq_len) {
   window_starts_.push_back(0);
-  for (const std::string& path : expand_glob(pattern)) {
+  const std::vector<std::string> paths = expand_glob(pattern);
+  auto last_report = std::chrono::steady_clock::now();
+  for (const std::string& path : paths) {
+    // Validation reads every token: on a large corpus that takes a while, so say how far it is.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::seconds(5)) {
+      spdlog::info("validating shards: {}/{} ({} tokens so far)", shards_.size(), paths.size(), num_tokens_);
+      last_report = now;
+    }
     ShardReader shard(path, vocab_size);
     const int64_t windows = shard.num_tokens() > seq_len ? (shard.num_tokens() - 1) / seq_len : 0;
     if (windows == 0) {

@@ -15,7 +15,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // Real text from Debian packages that setup.sh installs: English and Chinese fortunes.
 const std::vector<std::filesystem::path> kFortunes = {"/usr/share/games/fortunes/computers",

@@ -18,7 +18,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // A shard written by hand from llm.c's documented layout, not by write_shard.
 template <class Token>

@@ -12,7 +12,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 void write_counting_shard(const std::filesystem::path& path, uint32_t first, size_t count) {
   std::vector<uint32_t> tokens(count);

@@ -19,7 +19,6 @@ namespace {
 using testing::run_command;
 using testing::TemporaryDirectory;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // A config file for the tiny run, with a constant schedule so that runs of different lengths
 // share their learning rates step by step.

@@ -9,7 +9,6 @@ namespace {
 
 using testing::CommandResult;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 CommandResult mlprep(const std::string& arguments) {
   std::string command = MLTRAIN_BIN_DIR "/mlprep ";

@@ -18,7 +18,6 @@ CommandResult mltrain(const std::string& arguments) {
 
 const std::string kBase = MLTRAIN_SOURCE_DIR "/configs/base.yaml";
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
 

@@ -13,7 +13,6 @@ namespace {
 using testing::CommandResult;
 using testing::run_command;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 TEST(SmokeRun, TrainsEvaluatesAndSamples) {
   testing::TemporaryDirectory dir;

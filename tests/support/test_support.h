@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <string>
 
+// Checks that `text` holds `part`, printing the whole text when it does not.
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
 namespace mltrain::testing {
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.

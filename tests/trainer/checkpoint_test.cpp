@@ -16,7 +16,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // step -> loss, and step -> val_loss, of every line of a metrics.jsonl.
 struct Curves {
@@ -105,6 +104,15 @@ TEST(Checkpoints, LayoutStateAndRetention) {
   EXPECT_EQ(load_config(checkpoints / "step_00000012" / "config.yaml").model.d_model, 32);
 }
 
+// A tiny run of `steps` steps in `dir`, trained once.
+Config trained_run(const TemporaryDirectory& dir, int64_t steps) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = steps;
+  config.optim.warmup_steps = 1;
+  train(config);
+  return config;
+}
+
 // The UserError of resuming `config`, or "".
 std::string resume_error(const Config& config) {
   try {
@@ -117,10 +125,7 @@ std::string resume_error(const Config& config) {
 
 TEST(Resume, DamagedCheckpointFilesAreNamed) {
   TemporaryDirectory dir;
-  Config config = testing::tiny_run(dir.path());
-  config.train.max_steps = 4;
-  config.optim.warmup_steps = 1;
-  train(config);
+  Config config = trained_run(dir, 4);
   const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
   const std::string optimizer = testing::read_text(checkpoint / "optimizer.safetensors");
   std::string flipped = optimizer;
@@ -138,10 +143,7 @@ TEST(Resume, DamagedCheckpointFilesAreNamed) {
 
 TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {
   TemporaryDirectory dir;
-  Config config = testing::tiny_run(dir.path());
-  config.train.max_steps = 4;
-  config.optim.warmup_steps = 1;
-  train(config);
+  Config config = trained_run(dir, 4);
   Config changed = config;
   changed.model.d_model = 64;
   changed.model.d_ffn = 128;
@@ -160,10 +162,7 @@ TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {
 
 TEST(Resume, StaleTemporaryDirectoriesAreRemoved) {
   TemporaryDirectory dir;
-  Config config = testing::tiny_run(dir.path());
-  config.train.max_steps = 2;
-  config.optim.warmup_steps = 1;
-  train(config);
+  Config config = trained_run(dir, 2);
   const auto stale = dir / "run" / "checkpoints" / "step_00000004.tmp";
   std::filesystem::create_directories(stale);
   testing::write_text(stale / "model.safetensors", "half");
@@ -178,7 +177,7 @@ TEST(Resume, AutoWithoutACheckpointStartsFresh) {
   Config config = testing::tiny_run(dir.path());
   config.train.max_steps = 2;
   config.optim.warmup_steps = 1;
-  train(config, "auto");
+  train(config, "auto");  // nothing to resume from yet
   EXPECT_TRUE(CheckpointStore(dir / "run").latest());
 }
 

@@ -23,7 +23,6 @@ std::string config_error(const std::string& yaml, const std::vector<std::string>
   return "";
 }
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 TEST(Config, DefaultsAreTheDesignDocumentsValues) {
   const Config c;

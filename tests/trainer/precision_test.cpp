@@ -1,0 +1,40 @@
+#include "trainer/precision.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+
+namespace mltrain {
+namespace {
+
+TEST(AutocastGuard, RunsMatmulsInBf16AndRestoresThePreviousState) {
+  const c10::Device cpu(c10::kCPU);
+  at::autocast::set_autocast_dtype(c10::kCPU, at::kHalf);  // a previous state to restore
+  const at::Tensor a = at::randn({4, 4});
+  {
+    AutocastGuard guard(cpu, /*enabled=*/true);
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(c10::kCPU));
+    EXPECT_EQ(at::autocast::get_autocast_dtype(c10::kCPU), at::kBFloat16);
+    EXPECT_EQ(at::matmul(a, a).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(a.scalar_type(), at::kFloat) << "the weights stay fp32";
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCPU));
+  EXPECT_EQ(at::autocast::get_autocast_dtype(c10::kCPU), at::kHalf);
+  EXPECT_EQ(at::matmul(a, a).scalar_type(), at::kFloat);
+  at::autocast::set_autocast_dtype(c10::kCPU, at::kBFloat16);
+}
+
+TEST(AutocastGuard, DisabledGuardChangesNothing) {
+  const at::Tensor a = at::randn({4, 4});
+  AutocastGuard guard(c10::Device(c10::kCPU), /*enabled=*/false);
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCPU));
+  EXPECT_EQ(at::matmul(a, a).scalar_type(), at::kFloat);
+}
+
+TEST(Bf16Autocast, FollowsTrainPrecision) {
+  EXPECT_TRUE(use_bf16_autocast("bf16", c10::Device(c10::kCPU)));
+  EXPECT_FALSE(use_bf16_autocast("fp32", c10::Device(c10::kCPU)));
+}
+
+}  // namespace
+}  // namespace mltrain
