@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "dist/world.h"
 #include "trainer/command_line.h"
 #include "trainer/config.h"
 #include "trainer/dry_run.h"
@@ -11,8 +12,9 @@
 #include "trainer/training_run.h"
 
 int main(int argc, char** argv) {
-  mltrain::setup_logging(/*rank=*/0);
-  return mltrain::guarded_main([&] {
+  const mltrain::World world = mltrain::init_world(&argc, &argv);
+  mltrain::setup_logging(world.rank);
+  const int code = mltrain::guarded_main([&] {
     const mltrain::CommandLine command_line = mltrain::parse_command_line(argc, argv);
     if (command_line.help) {
       fmt::print("{}", mltrain::kUsage);
@@ -29,8 +31,12 @@ int main(int argc, char** argv) {
     } else if (command_line.eval_only) {
       mltrain::evaluate_weights(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
     } else {
-      mltrain::train(config, command_line.resume);
+      mltrain::train(config, command_line.resume, world);
     }
     return 0;
   });
+  // A rank that fails takes the others down rather than leave them waiting in a collective.
+  if (code != 0 && world.size > 1) mltrain::abort_world(world, code);
+  mltrain::finalize_world(world);
+  return code;
 }

@@ -9,15 +9,15 @@
 
 namespace mltrain {
 
-Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
-                    int64_t eval_batches, c10::Device device, bool bf16) {
+Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout, int64_t eval_batches,
+                    c10::Device device, bool bf16, Communicator& communicator) {
   at::NoGradGuard no_grad;
   model->eval();
   double loss_sum = 0.0;
   int64_t tokens = 0;
   const int64_t batches = validation_batches(windows.num_windows(), layout, eval_batches);
   for (int64_t batch = 0; batch < batches; ++batch) {
-    const std::vector<int64_t> indices = validation_windows(windows.num_windows(), layout, batch, /*rank=*/0);
+    const std::vector<int64_t> indices = validation_windows(windows.num_windows(), layout, batch, communicator.rank());
     if (indices.empty()) continue;
     const at::Tensor window = gather_windows(windows, indices).to(device);
     const int64_t length = window.size(1) - 1;
@@ -31,8 +31,9 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
     tokens += batch_tokens;
   }
   model->train();
-  const double loss = loss_sum / static_cast<double>(tokens);
-  return {loss, std::exp(loss), tokens};
+  const double all_tokens = communicator.all_reduce_sum(static_cast<double>(tokens));
+  const double loss = communicator.all_reduce_sum(loss_sum) / all_tokens;
+  return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
 }
 
 }  // namespace mltrain

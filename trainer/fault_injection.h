@@ -10,6 +10,7 @@ namespace mltrain {
 //   kill-during-checkpoint   SIGKILL once a checkpoint's model file is written, before the rename
 //   fail-checkpoint-write    a checkpoint write fails as on a full disk
 //   nonfinite-gradients:A-B  gradients of optimizer steps A..B (0-based) are NaN
+//   kill-rank-1              rank 1 of a multi-rank run SIGKILLs itself in its third step
 // Unset (always, outside tests), nothing happens.
 bool fault_injected(std::string_view fault);
 

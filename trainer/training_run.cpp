@@ -4,8 +4,10 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -14,6 +16,7 @@
 #include "common/error.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "dist/grad_reducer.h"
 #include "model/hf_state_dict.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
@@ -31,6 +34,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The first bucket is small so that the first all-reduce starts early in backward.
+constexpr double kFirstBucketMb = 1.0;
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -41,27 +47,39 @@ std::string duration_text(double seconds) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
-// What every mode shares: the device, the precision and the validation data.
-struct RunContext {
-  c10::Device device{c10::kCPU};
-  bool bf16 = false;
-  BatchLayout layout;
-};
-
-RunContext prepare(const Config& config) {
-  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-  RunContext context;
-  context.device = resolve_device(config.train.device);
-  context.bf16 = use_bf16_autocast(config.train.precision, context.device);
-  context.layout = {config.data.micro_batch, config.data.grad_accum, /*world_size=*/1};
-  if (!config.data.tokenizer.empty()) {
-    const Tokenizer tokenizer(config.data.tokenizer);
-    if (tokenizer.vocab_size() > config.model.vocab_size) {
-      throw UserError(fmt::format("{}: the tokenizer has {} tokens, more than model.vocab_size = {}",
-                                  config.data.tokenizer, tokenizer.vocab_size(), config.model.vocab_size));
-    }
+// The device of this rank: cuda:local_rank when training on GPUs.
+c10::Device rank_device(const Config& config, const World& world) {
+  const c10::Device device = resolve_device(config.train.device);
+  if (!device.is_cuda()) return device;
+  const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
+  if (world.local_rank >= visible) {
+    throw UserError(fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
+                                world.local_size, visible));
   }
-  return context;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+}
+
+// The dist keys that this build cannot honour yet are errors, not silently ignored.
+void check_dist(const Config& config, const World& world, const c10::Device& device) {
+  if (config.dist.grad_dtype != "fp32") {
+    throw UserError("dist.grad_dtype bf16 (compressed all-reduce) is not implemented yet: use fp32");
+  }
+  if (world.size == 1) return;
+  if (config.dist.backend == "nccl" && !device.is_cuda()) {
+    throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
+  }
+  if (config.dist.backend == "mpi" && device.is_cuda()) {
+    throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");
+  }
+}
+
+void check_tokenizer(const Config& config) {
+  if (config.data.tokenizer.empty()) return;
+  const Tokenizer tokenizer(config.data.tokenizer);
+  if (tokenizer.vocab_size() > config.model.vocab_size) {
+    throw UserError(fmt::format("{}: the tokenizer has {} tokens, more than model.vocab_size = {}",
+                                config.data.tokenizer, tokenizer.vocab_size(), config.model.vocab_size));
+  }
 }
 
 TokenWindows open_windows(const std::string& pattern, const Config& config, const char* split) {
@@ -73,10 +91,10 @@ TokenWindows open_windows(const std::string& pattern, const Config& config, cons
   return windows;
 }
 
-void log_evaluation(const Evaluation& evaluation, int64_t step, MetricsLog& metrics) {
-  spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
-               evaluation.perplexity, evaluation.tokens);
-  metrics.write({{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
+void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
+  AtomicFileWriter file(path);
+  file.write(text);
+  file.commit();
 }
 
 // The checkpoint `resume` names: "auto" is the newest in the run directory (none: start fresh),
@@ -94,149 +112,266 @@ std::optional<std::filesystem::path> checkpoint_to_resume(const std::string& res
   return resume;
 }
 
-}  // namespace
+// One training run, from set-up to the last step.
+class TrainingRun {
+ public:
+  TrainingRun(const Config& config, const std::string& resume, const World& world);
+  void run();
 
-void train(const Config& config, const std::string& resume) {
-  const RunContext context = prepare(config);
-  const TokenWindows train_windows = open_windows(config.data.train, config, "train");
-  const TokenWindows val_windows = open_windows(config.data.val, config, "val");
+ private:
+  void agree_across_ranks();
+  double accumulate_step_gradients();
+  void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds, double data_ms);
+  void evaluate_now(int64_t step);
+  std::filesystem::path save_checkpoint();
+  bool any_rank_asked_to_stop();
 
-  const std::filesystem::path run_dir = config.train.run_dir;
-  std::filesystem::create_directories(run_dir);
-  const CheckpointStore checkpoints(run_dir);
-  checkpoints.remove_stale_temporaries();
+  const Config& config_;
+  const World& world_;
+  const bool leader_;  // rank 0 writes the run directory
+  const c10::Device device_;
+  const bool bf16_;
+  const BatchLayout layout_;
+  std::unique_ptr<Communicator> communicator_;
+  TokenWindows train_windows_;
+  TokenWindows val_windows_;
+  std::filesystem::path run_dir_;
+  CheckpointStore checkpoints_;
+  Llama model_{nullptr};
+  std::vector<at::Tensor> parameters_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<MetricsLog> metrics_;
+  TrainingProgress progress_;
+  int64_t tokens_per_step_;
+  double flops_per_token_;
+  Clock::time_point start_;
+  int64_t first_step_ = 0;
+  int64_t last_step_ = 0;       // train.stop_at or train.max_steps
+  double timed_seconds_ = 0.0;  // step time after the first step, which includes warm-up
+};
 
-  at::manual_seed(config.data.seed);
-  Llama model(config.model);
-  model->to(context.device);
-  const std::vector<at::Tensor> parameters = model->parameters();
-  AdamW optimizer(hf_named_parameters(model),
-                  {config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay},
-                  AdamWKernel::kFused);
-  TrainingProgress progress;
-  const auto resume_from = checkpoint_to_resume(resume, checkpoints);
-  if (resume_from) progress = load_checkpoint(*resume_from, model, optimizer, config);
-  {
-    AtomicFileWriter config_file(run_dir / "config.yaml");
-    config_file.write(config_to_yaml(config));
-    config_file.commit();
+TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world)
+    : config_(config),
+      world_(world),
+      leader_(world.rank == 0),
+      device_(rank_device(config, world)),
+      bf16_(use_bf16_autocast(config.train.precision, device_)),
+      layout_{config.data.micro_batch, config.data.grad_accum, world.size},
+      communicator_((check_dist(config, world, device_), make_communicator(world, device_.is_cuda()))),
+      train_windows_(open_windows(config.data.train, config, "train")),
+      val_windows_(open_windows(config.data.val, config, "val")),
+      run_dir_(config.train.run_dir),
+      checkpoints_(run_dir_),
+      tokens_per_step_(layout_.global_batch() * config.data.seq_len) {
+  check_tokenizer(config);
+  if (leader_) {
+    std::filesystem::create_directories(run_dir_);
+    checkpoints_.remove_stale_temporaries();
   }
+  at::manual_seed(config.data.seed);
+  model_ = Llama(config.model);
+  model_->to(device_);
+  parameters_ = model_->parameters();
+  flops_per_token_ = training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
+  optimizer_ = std::make_unique<AdamW>(
+      hf_named_parameters(model_),
+      AdamWOptions{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay},
+      AdamWKernel::kFused);
+  if (const auto checkpoint = checkpoint_to_resume(resume, checkpoints_)) {
+    progress_ = load_checkpoint(*checkpoint, model_, *optimizer_, config);
+  }
+  agree_across_ranks();
+  reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb, kFirstBucketMb,
+                                           config.dist.overlap);
+  loader_ = std::make_unique<Loader>(train_windows_,
+                                     Sampler(train_windows_.num_windows(), config.data.seed, layout_),
+                                     world.rank, progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
+  if (leader_) {
+    write_text_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
+    metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
+  }
+}
 
-  const BatchLayout& layout = context.layout;
-  Loader loader(train_windows, Sampler(train_windows.num_windows(), config.data.seed, layout),
-                /*rank=*/0, progress.samples_consumed, config.data.prefetch, context.device.is_cuda());
-  MetricsLog metrics(run_dir / "metrics.jsonl");
+// Every rank must train the same model on the same config: rank 0's weights are broadcast, and
+// the configs are compared by hash.
+void TrainingRun::agree_across_ranks() {
+  if (world_.size == 1) return;
+  const std::string yaml = config_to_yaml(config_);
+  const at::Tensor config_bytes = at::from_blob(const_cast<char*>(yaml.data()), {static_cast<int64_t>(yaml.size())}, at::kByte);
+  if (!same_on_all_ranks({config_bytes}, *communicator_)) {
+    throw UserError("the ranks were given different configs: start every rank with the same file and --set");
+  }
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& parameter : parameters_) communicator_->broadcast(parameter, 0);
+  if (!same_on_all_ranks(parameters_, *communicator_)) {
+    throw std::runtime_error("the ranks' weights differ after rank 0's were broadcast");
+  }
+  spdlog::info("{} ranks agree on the config; rank 0's {} weights broadcast", world_.size, model_->num_parameters());
+}
 
-  const int64_t tokens_per_step = layout.global_batch() * config.data.seq_len;
-  const double flops_per_token = training_flops_per_token(config.model, model->num_parameters(), config.data.seq_len);
-  const double peak_flops = peak_bf16_flops(context.device);
-  const int64_t max_steps = config.train.max_steps;
-  const int64_t last_step = config.train.stop_at > 0 ? std::min(config.train.stop_at, max_steps) : max_steps;
-  spdlog::info("model: {} parameters, {:.1f} MFLOP per token | device: {} | precision: {}",
-               model->num_parameters(), flops_per_token / 1e6, describe_device(context.device),
-               context.bf16 ? "bf16 autocast, fp32 weights" : "fp32");
-  spdlog::info("{} steps of {} tokens ({} windows x {} micro-steps); {:.2f} epochs of the training data",
-               max_steps, tokens_per_step, layout.micro_batch, layout.grad_accum,
-               static_cast<double>(max_steps * layout.global_batch()) / train_windows.num_windows());
-  metrics.write({{"event", "start"}, {"step", progress.step}, {"max_steps", max_steps},
-                 {"parameters", model->num_parameters()}, {"tokens_per_step", tokens_per_step},
-                 {"device", describe_device(context.device)}});
-
+void TrainingRun::run() {
+  const int64_t max_steps = config_.train.max_steps;
+  const int64_t last_step = config_.train.stop_at > 0 ? std::min(config_.train.stop_at, max_steps) : max_steps;
+  first_step_ = progress_.step;
+  last_step_ = last_step;
+  spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
+               model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
+               bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
+  spdlog::info("{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the training data",
+               max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
+               static_cast<double>(max_steps * layout_.global_batch()) / train_windows_.num_windows());
+  if (leader_) {
+    metrics_->write({{"event", "start"}, {"step", progress_.step}, {"max_steps", max_steps},
+                     {"parameters", model_->num_parameters()}, {"tokens_per_step", tokens_per_step_},
+                     {"world_size", world_.size}, {"device", describe_device(device_)}});
+  }
   install_stop_handlers();
-  const auto save_checkpoint = [&] {
-    const auto path = checkpoints.save(model, optimizer, progress, config, layout.world_size);
-    spdlog::info("checkpoint: {}", path.string());
-    return path;
-  };
-  const auto run_start = Clock::now();
-  const int64_t first_step = progress.step;
-  double timed_seconds = 0.0;  // step time after the first step, which includes warm-up
+  start_ = Clock::now();
   int64_t bad_steps_in_a_row = 0;
-  for (int64_t step = first_step; step < last_step; ++step) {
+  for (int64_t step = first_step_; step < last_step; ++step) {
     const auto step_start = Clock::now();
-    const double waited_before = loader.waited_seconds();
-    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(context.device));
-    for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
-      const at::Tensor window = loader.next().tokens.to(context.device, /*non_blocking=*/true);
-      loss_sum += forward_backward(model, window, layout.grad_accum, context.device, context.bf16);
-    }
-    if (nonfinite_gradients_injected(step)) parameters.front().mutable_grad().fill_(NAN);
-    const double grad_norm = clip_grad_norm(parameters, config.optim.grad_clip);
-    const double loss = loss_sum.item<double>();
-    const double lr = learning_rate(config.optim, max_steps, step);
+    const double waited_before = loader_->waited_seconds();
+    const double loss = accumulate_step_gradients();
+    if (nonfinite_gradients_injected(step)) parameters_.front().grad().fill_(NAN);
+    if (world_.rank == 1 && step == 2 && fault_injected("kill-rank-1")) std::raise(SIGKILL);
+    const double grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
+    const double lr = learning_rate(config_.optim, max_steps, step);
     // A non-finite loss or gradient would poison the weights and the moments for good: skip it.
+    // Every rank sees the same averaged loss and gradients, so all skip together.
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      optimizer.zero_grad();
       ++bad_steps_in_a_row;
       spdlog::warn("step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
                    "train.max_bad_steps = {})",
-                   step + 1, loss, grad_norm, bad_steps_in_a_row, config.train.max_bad_steps);
-      metrics.write({{"step", step + 1}, {"skipped", true}, {"loss", loss}, {"grad_norm", grad_norm}});
-      if (bad_steps_in_a_row >= config.train.max_bad_steps) {
-        const auto latest = checkpoints.latest();
-        throw std::runtime_error(fmt::format(
-            "{} non-finite steps in a row: stopping; the last good checkpoint is {}", bad_steps_in_a_row,
-            latest ? latest->string() : "none (no checkpoint was saved yet)"));
+                   step + 1, loss, grad_norm, bad_steps_in_a_row, config_.train.max_bad_steps);
+      if (leader_) metrics_->write({{"step", step + 1}, {"skipped", true}, {"loss", loss}, {"grad_norm", grad_norm}});
+      if (bad_steps_in_a_row >= config_.train.max_bad_steps) {
+        const auto latest = checkpoints_.latest();
+        throw std::runtime_error(fmt::format("{} non-finite steps in a row: stopping; the last good checkpoint is {}",
+                                             bad_steps_in_a_row,
+                                             latest ? latest->string() : "none (no checkpoint was saved yet)"));
       }
     } else {
       bad_steps_in_a_row = 0;
-      optimizer.step(lr);
-      optimizer.zero_grad();
+      optimizer_->step(lr);
     }
-    progress.step = step + 1;
-    progress.samples_consumed += layout.global_batch();
-    progress.tokens_seen += tokens_per_step;
-    progress.learning_rate = lr;
+    reducer_->zero_grad();
+    progress_.step = step + 1;
+    progress_.samples_consumed += layout_.global_batch();
+    progress_.tokens_seen += tokens_per_step_;
+    progress_.learning_rate = lr;
     const double step_seconds = seconds_since(step_start);
-    if (step > first_step) timed_seconds += step_seconds;
+    if (step > first_step_) timed_seconds_ += step_seconds;
 
     const bool last = step + 1 == max_steps;
-    if (step == first_step || (step + 1) % config.train.log_every == 0 || last) {
-      const double tokens_per_s = tokens_per_step / step_seconds;
-      const double flops = flops_per_token * tokens_per_s;
-      const double data_ms = (loader.waited_seconds() - waited_before) * 1e3;
-      const double mean_step = step > first_step ? timed_seconds / static_cast<double>(step - first_step) : step_seconds;
-      const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
-                                               : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
-      spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
-                   "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-                   step + 1, max_steps, loss, lr, grad_norm, step_seconds * 1e3, data_ms, tokens_per_s, speed,
-                   peak_memory_bytes(context.device) / 1e9, duration_text(mean_step * (last_step - step - 1)));
-      metrics.write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                     {"step_ms", step_seconds * 1e3}, {"data_ms", data_ms}, {"tokens_per_s", tokens_per_s},
-                     {"flops_per_s", flops}, {"elapsed_s", seconds_since(run_start)}});
+    if (step == first_step_ || (step + 1) % config_.train.log_every == 0 || last) {
+      log_step(step, loss, lr, grad_norm, step_seconds, (loader_->waited_seconds() - waited_before) * 1e3);
     }
-    if ((step + 1) % config.train.eval_every == 0 || last) {
-      const Evaluation evaluation =
-          evaluate(model, val_windows, layout, config.train.eval_batches, context.device, context.bf16);
-      progress.best_val_loss = std::min(progress.best_val_loss, evaluation.loss);
-      log_evaluation(evaluation, step + 1, metrics);
-    }
-    if (const int signal = stop_requested()) {
+    if ((step + 1) % config_.train.eval_every == 0 || last) evaluate_now(step + 1);
+    if (any_rank_asked_to_stop()) {
       const auto path = save_checkpoint();
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
-                   strsignal(signal), step + 1, path.string());
+                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank", step + 1,
+                   path.string());
       return;
     }
-    if ((step + 1) % config.train.ckpt_every == 0 || step + 1 == last_step) save_checkpoint();
+    if ((step + 1) % config_.train.ckpt_every == 0 || step + 1 == last_step) save_checkpoint();
   }
   if (last_step < max_steps) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto", last_step);
     return;
   }
-  spdlog::info("trained {} steps in {}", max_steps - first_step, duration_text(seconds_since(run_start)));
-  draw_loss_curve(run_dir);
+  spdlog::info("trained {} steps in {}", max_steps - first_step_, duration_text(seconds_since(start_)));
+  if (leader_) draw_loss_curve(run_dir_);
+}
+
+// Forward and backward over the step's micro-batches; only the last one's backward communicates.
+// Returns the step's loss averaged over the ranks.
+double TrainingRun::accumulate_step_gradients() {
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
+  for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
+    reducer_->set_sync(micro + 1 == layout_.grad_accum);
+    const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
+    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
+  }
+  reducer_->finish();
+  return communicator_->all_reduce_sum(loss_sum.item<double>()) / world_.size;
+}
+
+void TrainingRun::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds,
+                           double data_ms) {
+  const double tokens_per_s = tokens_per_step_ / step_seconds;
+  const double flops = flops_per_token_ * tokens_per_s;
+  const double peak_flops = peak_bf16_flops(device_) * world_.size;
+  const double mean_step = step > first_step_ ? timed_seconds_ / static_cast<double>(step - first_step_) : step_seconds;
+  const double steps_left = static_cast<double>(last_step_ - step - 1);
+  const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
+                                           : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
+  spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
+               "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
+               step + 1, config_.train.max_steps, loss, lr, grad_norm, step_seconds * 1e3, data_ms, tokens_per_s,
+               speed, peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
+  if (leader_) {
+    metrics_->write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                     {"step_ms", step_seconds * 1e3}, {"data_ms", data_ms}, {"tokens_per_s", tokens_per_s},
+                     {"flops_per_s", flops}, {"elapsed_s", seconds_since(start_)}});
+  }
+}
+
+void TrainingRun::evaluate_now(int64_t step) {
+  const Evaluation evaluation =
+      evaluate(model_, val_windows_, layout_, config_.train.eval_batches, device_, bf16_, *communicator_);
+  progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
+  spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
+               evaluation.perplexity, evaluation.tokens);
+  if (leader_) {
+    metrics_->write({{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
+  }
+}
+
+// Rank 0 writes; the others wait for it, so that no rank runs ahead of a checkpoint. First the
+// ranks check that they still hold the same weights, as data parallelism promises.
+std::filesystem::path TrainingRun::save_checkpoint() {
+  if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
+    throw std::runtime_error(fmt::format("the ranks' weights differ at step {}: data-parallel training diverged",
+                                         progress_.step));
+  }
+  std::filesystem::path path = checkpoints_.latest().value_or(run_dir_);
+  if (leader_) {
+    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size);
+    spdlog::info("checkpoint: {}", path.string());
+  }
+  communicator_->all_reduce_sum(0.0);
+  return path;
+}
+
+// A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
+// agree at each step boundary, so that all of them checkpoint and stop together.
+bool TrainingRun::any_rank_asked_to_stop() {
+  return communicator_->all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+}
+
+}  // namespace
+
+void train(const Config& config, const std::string& resume, const World& world) {
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  TrainingRun(config, resume, world).run();
 }
 
 Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
   const std::filesystem::path file = find_weights(weights);
-  const RunContext context = prepare(config);
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  check_tokenizer(config);
+  const c10::Device device = resolve_device(config.train.device);
+  const bool bf16 = use_bf16_autocast(config.train.precision, device);
   const TokenWindows val_windows = open_windows(config.data.val, config, "val");
   Llama model(config.model);
   load_model_weights(model, file);
-  model->to(context.device);
-  const Evaluation evaluation =
-      evaluate(model, val_windows, context.layout, config.train.eval_batches, context.device, context.bf16);
+  model->to(device);
+  const auto single_rank = make_communicator(World(), false);
+  const Evaluation evaluation = evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
+                                         config.train.eval_batches, device, bf16, *single_rank);
   spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
                evaluation.perplexity, evaluation.tokens);
   if (std::filesystem::is_directory(config.train.run_dir)) {

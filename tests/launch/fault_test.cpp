@@ -148,5 +148,15 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   EXPECT_CONTAINS(diverging.output, "step_00000004");  // skipped steps leave the weights as they were
 }
 
+TEST(Faults, ARankThatDiesStopsTheOthers) {
+  TemporaryDirectory dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MLTRAIN_FAULT=kill-rank-1 " +
+                               std::string(MLTRAIN_MPIEXEC) + " 2 " + mltrain(write_config(dir, 1000000)));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
+}
+
 }  // namespace
 }  // namespace mltrain

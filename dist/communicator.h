@@ -1,0 +1,44 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "dist/world.h"
+
+namespace mltrain {
+
+// A collective operation in flight.
+class CollectiveWork {
+ public:
+  virtual ~CollectiveWork() = default;
+  // Blocks until the operation's result is in place.
+  virtual void wait() = 0;
+};
+
+// Collectives among the ranks of a World. Every rank must call the same collectives in the same
+// order. Implementations: MPI over CPU tensors (multi-rank CPU training, and the tests), NCCL over
+// CUDA tensors, and a world of one where every collective is the identity.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Replaces a contiguous tensor with its average over the ranks; asynchronous.
+  virtual std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) = 0;
+  // Copies root's tensor into every rank's.
+  virtual void broadcast(const at::Tensor& tensor, int root) = 0;
+  // The sum over the ranks of a host value (losses, token counts, stop flags).
+  virtual double all_reduce_sum(double value) = 0;
+};
+
+// Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
+bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
+
+// The communicator for tensors on `device` in `world`: one of a world of one, MPI for CPU tensors
+// and NCCL for CUDA tensors.
+std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda);
+
+}  // namespace mltrain

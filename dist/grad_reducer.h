@@ -1,0 +1,61 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace mltrain {
+
+// Averages gradients over the ranks while backward runs, as PyTorch's DDP reducer does.
+// Parameters are packed, in reverse registration order (roughly the order backward produces their
+// gradients), into flat buckets: the first of about first_bucket_mb so that communication starts
+// early, the rest of about bucket_mb. Each parameter's .grad is a view into its bucket, so
+// backward accumulates straight into the buffer that is all-reduced: no copies. A hook after each
+// parameter's gradient accumulation counts the bucket down; when a bucket is complete it is
+// all-reduced at once (overlap) and in bucket order on every rank, while backward goes on.
+class GradReducer {
+ public:
+  struct Bucket {
+    at::Tensor buffer;                // flat gradients of its parameters
+    std::vector<size_t> parameters;   // indices into the reducer's parameter list
+    std::vector<int64_t> offsets;     // each parameter's first element in buffer
+    size_t pending = 0;               // gradients still to arrive in this backward
+    std::unique_ptr<CollectiveWork> work;
+  };
+
+  GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
+              double first_bucket_mb, bool overlap);
+  ~GradReducer();
+
+  // Whether the coming backward communicates: off for the micro-steps of gradient accumulation
+  // before the last one (their gradients only accumulate locally).
+  void set_sync(bool sync) { sync_ = sync; }
+
+  // After the last micro-step's backward: launches the buckets not yet launched (all of them
+  // without overlap), waits for every bucket, and readies the counters for the next step.
+  void finish();
+
+  // Zeroes the gradients in place (they must stay views into the buckets).
+  void zero_grad();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void mark_ready(size_t parameter);
+  void launch_ready_buckets(bool all);
+
+  std::vector<at::Tensor> parameters_;
+  std::vector<size_t> bucket_of_;  // parameter index -> bucket index
+  std::vector<Bucket> buckets_;
+  Communicator& communicator_;
+  bool overlap_;
+  bool sync_ = true;
+  size_t next_to_launch_ = 0;
+  std::mutex mutex_;
+};
+
+}  // namespace mltrain

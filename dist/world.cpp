@@ -1,0 +1,52 @@
+#include "dist/world.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace mltrain {
+namespace {
+
+// Open MPI, MPICH/Hydra and PMIx launchers each set one of these in every process they start.
+bool launched_by_mpi() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(variable) != nullptr) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+World init_world(int* argc, char*** argv) {
+  World world;
+  if (!launched_by_mpi()) return world;
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw std::runtime_error("the MPI library does not support MPI_THREAD_MULTIPLE, which the "
+                             "overlapped gradient all-reduce needs");
+  }
+  // Errors come back as codes that mltrain turns into messages, rather than aborting silently.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  world.uses_mpi = true;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &world.local_rank);
+  MPI_Comm_size(node, &world.local_size);
+  MPI_Comm_free(&node);
+  return world;
+}
+
+void finalize_world(const World& world) {
+  if (world.uses_mpi) MPI_Finalize();
+}
+
+void abort_world(const World& world, int code) {
+  if (world.uses_mpi) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace mltrain

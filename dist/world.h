@@ -1,0 +1,26 @@
+#pragma once
+
+namespace mltrain {
+
+// This process's place among the ranks of a run. A run started by an MPI launcher (mpirun, srun)
+// has one rank per process; a plain `mltrain` is a world of one and needs no MPI at all.
+struct World {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;  // among the ranks on this node: the GPU this rank drives
+  int local_size = 1;
+  bool uses_mpi = false;
+};
+
+// Initialises MPI (with thread support: gradient hooks communicate from autograd's threads) when an
+// MPI launcher started this process, and finds the rank's place; otherwise a world of one.
+World init_world(int* argc, char*** argv);
+
+// Finalises MPI if init_world started it.
+void finalize_world(const World& world);
+
+// Makes every rank exit with `code` (MPI_Abort), so that a rank that fails does not leave the
+// others waiting in a collective.
+[[noreturn]] void abort_world(const World& world, int code);
+
+}  // namespace mltrain

@@ -1,0 +1,85 @@
+// Data-parallel training across ranks: run by ctest under `mpirun -n 2` on the CPU (MPI backend).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "dist/communicator.h"
+#include "dist/world.h"
+#include "model/safetensors.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+#include "trainer/training_run.h"
+
+namespace mltrain {
+namespace {
+
+World world;
+
+// A directory both ranks see, emptied by rank 0 before the test.
+std::filesystem::path shared_directory(Communicator& communicator) {
+  const std::filesystem::path directory = MLTRAIN_MPI_TEST_DIR;
+  if (world.rank == 0) {
+    std::filesystem::remove_all(directory);
+    std::filesystem::create_directories(directory);
+    testing::write_learnable_stream(directory / "train_000000.bin", 20000);
+    testing::write_learnable_stream(directory / "val_000000.bin", 2000);
+  }
+  communicator.all_reduce_sum(0.0);  // the others wait for it
+  return directory;
+}
+
+Config run_in(const std::filesystem::path& directory, const std::string& run, int64_t micro_batch) {
+  Config config = testing::tiny_run(directory);
+  config.train.max_steps = 12;
+  config.train.run_dir = (directory / run).string();
+  config.data.micro_batch = micro_batch;
+  config.dist.bucket_mb = 0.02;  // several buckets even for the tiny model
+  return config;
+}
+
+NamedTensors final_weights(const std::filesystem::path& directory, const std::string& run) {
+  return load_safetensors(directory / run / "checkpoints" / "step_00000012" / "model.safetensors");
+}
+
+TEST(SameOnAllRanks, TellsEqualFromDifferentTensors) {
+  ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
+  const auto communicator = make_communicator(world, false);
+  EXPECT_TRUE(same_on_all_ranks({at::arange(10.0)}, *communicator));
+  EXPECT_FALSE(same_on_all_ranks({at::arange(10.0) + world.rank}, *communicator));
+}
+
+TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
+  ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
+  const auto communicator = make_communicator(world, false);
+  const std::filesystem::path directory = shared_directory(*communicator);
+
+  // Two ranks of 4 windows per micro-step, with and without overlapping the all-reduce. Every
+  // checkpoint first checks that the ranks hold the same weights (it throws if not).
+  train(run_in(directory, "overlap", 4), "", world);
+  Config no_overlap = run_in(directory, "no_overlap", 4);
+  no_overlap.dist.overlap = false;
+  train(no_overlap, "", world);
+  // One rank of 8 windows: the same global batch.
+  if (world.rank == 0) train(run_in(directory, "one_rank", 8), "", World());
+  communicator->all_reduce_sum(0.0);
+
+  if (world.rank == 0) {
+    const NamedTensors overlapped = final_weights(directory, "overlap");
+    const NamedTensors sequential = final_weights(directory, "no_overlap");
+    const NamedTensors single = final_weights(directory, "one_rank");
+    for (const auto& [name, tensor] : overlapped) {
+      EXPECT_TRUE(at::equal(tensor, sequential.at(name))) << name << ": overlap on and off differ";
+      EXPECT_LE(testing::relative_error(tensor, single.at(name)), 1e-6) << name << ": two ranks and one differ";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mltrain
+
+int main(int argc, char** argv) {
+  mltrain::world = mltrain::init_world(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  const int failed = RUN_ALL_TESTS();
+  mltrain::finalize_world(mltrain::world);
+  return failed;
+}
