@@ -66,3 +66,15 @@ target_link_libraries(mltrain_torch INTERFACE torch)
 # code's calls bind to them (remove_all segfaults). Naming libstdc++ before any object puts it
 # first among the executable's libraries, so the dynamic linker binds std:: symbols to it.
 target_link_options(mltrain_torch INTERFACE "LINKER:--push-state,--no-as-needed" -lstdc++ "LINKER:--pop-state")
+
+# NCCL from the wheel's nvidia-nccl package: the library LibTorch itself loads, found beside torch.
+get_filename_component(_site_packages "${_torch_prefix}/../../.." ABSOLUTE)
+find_path(MLTRAIN_NCCL_INCLUDE_DIR nccl.h HINTS "${_site_packages}/nvidia/nccl/include" NO_DEFAULT_PATH)
+find_library(MLTRAIN_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS "${_site_packages}/nvidia/nccl/lib" NO_DEFAULT_PATH)
+if(NOT MLTRAIN_NCCL_INCLUDE_DIR OR NOT MLTRAIN_NCCL_LIBRARY)
+  message(FATAL_ERROR "NCCL not found in ${_site_packages}/nvidia/nccl: reinstall the torch wheel (launch/setup.sh)")
+endif()
+add_library(mltrain_nccl INTERFACE)
+target_include_directories(mltrain_nccl SYSTEM INTERFACE "${MLTRAIN_NCCL_INCLUDE_DIR}")
+target_link_libraries(mltrain_nccl INTERFACE "${MLTRAIN_NCCL_LIBRARY}")
+message(STATUS "NCCL: ${MLTRAIN_NCCL_LIBRARY}")

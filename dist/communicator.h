@@ -37,8 +37,8 @@ class Communicator {
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
 
-// The communicator for tensors on `device` in `world`: one of a world of one, MPI for CPU tensors
-// and NCCL for CUDA tensors.
-std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda);
+// The communicator for `world`: the identity for a process not started by an MPI launcher, else
+// NCCL for CUDA tensors (with timeout_s for a stuck collective) and MPI for CPU tensors.
+std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda, double timeout_s = 600.0);
 
 }  // namespace mltrain

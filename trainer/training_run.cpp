@@ -159,7 +159,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       device_(rank_device(config, world)),
       bf16_(use_bf16_autocast(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
-      communicator_((check_dist(config, world, device_), make_communicator(world, device_.is_cuda()))),
+      communicator_((check_dist(config, world, device_), make_communicator(world, device_.is_cuda(), static_cast<double>(config.dist.timeout_s)))),
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),

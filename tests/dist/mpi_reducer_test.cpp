@@ -6,18 +6,20 @@
 #include "dist/world.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
+#include "tests/dist/mpi_test_world.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
 namespace {
 
-World world;
+const World& world = testing::mpi_world;
 
 // Gradients of a tiny model on `windows`, the same initial weights on every rank.
-std::vector<at::Tensor> reduced_gradients(const at::Tensor& windows, bool overlap, int64_t micro_steps) {
+std::vector<at::Tensor> reduced_gradients(const World& ranks, const at::Tensor& windows, bool overlap,
+                                         int64_t micro_steps) {
   at::manual_seed(7);
   Llama model(testing::tiny_config());
-  const auto communicator = make_communicator(world, false);
+  const auto communicator = make_communicator(ranks, false);
   GradReducer reducer(model->parameters(), *communicator, /*bucket_mb=*/0.05, /*first_bucket_mb=*/0.01, overlap);
   EXPECT_GT(reducer.buckets().size(), 3u) << "the test should cover several buckets";
   const int64_t rows = windows.size(0) / micro_steps;
@@ -38,12 +40,9 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
   const at::Tensor all = at::randint(testing::tiny_config().vocab_size, {8, 17});  // the same on both ranks
   const at::Tensor mine = all.narrow(0, 4 * world.rank, 4);
 
-  const auto with_overlap = reduced_gradients(mine, /*overlap=*/true, /*micro_steps=*/2);
-  const auto without_overlap = reduced_gradients(mine, /*overlap=*/false, 2);
-  World alone;  // the single-rank reference over the whole batch
-  std::swap(world, alone);
-  const auto single_rank = reduced_gradients(all, true, 2);
-  std::swap(world, alone);
+  const auto with_overlap = reduced_gradients(world, mine, /*overlap=*/true, /*micro_steps=*/2);
+  const auto without_overlap = reduced_gradients(world, mine, /*overlap=*/false, 2);
+  const auto single_rank = reduced_gradients(World(), all, true, 2);  // one rank, the whole batch
 
   for (size_t i = 0; i < with_overlap.size(); ++i) {
     EXPECT_TRUE(at::equal(with_overlap[i], without_overlap[i])) << "parameter " << i;
@@ -60,11 +59,3 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
 
 }  // namespace
 }  // namespace mltrain
-
-int main(int argc, char** argv) {
-  mltrain::world = mltrain::init_world(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int failed = RUN_ALL_TESTS();
-  mltrain::finalize_world(mltrain::world);
-  return failed;
-}

@@ -5,6 +5,7 @@
 #include "dist/communicator.h"
 #include "dist/world.h"
 #include "model/safetensors.h"
+#include "tests/dist/mpi_test_world.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/training_run.h"
@@ -12,7 +13,7 @@
 namespace mltrain {
 namespace {
 
-World world;
+const World& world = testing::mpi_world;
 
 // A directory both ranks see, emptied by rank 0 before the test.
 std::filesystem::path shared_directory(Communicator& communicator) {
@@ -75,11 +76,3 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
 
 }  // namespace
 }  // namespace mltrain
-
-int main(int argc, char** argv) {
-  mltrain::world = mltrain::init_world(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int failed = RUN_ALL_TESTS();
-  mltrain::finalize_world(mltrain::world);
-  return failed;
-}
