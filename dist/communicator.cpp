@@ -7,7 +7,9 @@
 #include <mpi.h>
 #include <xxhash.h>
 
+#include <chrono>
 #include <limits>
+#include <thread>
 
 #include <stdexcept>
 
@@ -47,50 +49,93 @@ class SingleRankCommunicator : public Communicator {
   double all_reduce_sum(double value) override { return value; }
 };
 
+// Waits for a non-blocking MPI operation, polling, so that a peer that hangs (rather than dies,
+// which the launcher handles) ends the run after timeout_s instead of blocking it for ever.
+void wait_for(MPI_Request& request, double timeout_s, const char* operation) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int done = 0;
+  while (true) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw std::runtime_error(fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
+                                           operation, timeout_s));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// MPI has no bf16 type: bf16 buffers travel as pairs of bytes, summed in float by this operation.
+void sum_bf16(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const c10::BFloat16*>(in);
+  auto* b = static_cast<c10::BFloat16*>(inout);
+  for (int i = 0; i < *length; ++i) b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
 class MpiAllReduceWork : public CollectiveWork {
  public:
-  MpiAllReduceWork(at::Tensor tensor, int world_size) : tensor_(std::move(tensor)), world_size_(world_size) {
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor_.data_ptr(), static_cast<int>(tensor_.numel()), mpi_type(tensor_),
-                             MPI_SUM, MPI_COMM_WORLD, &request_),
+  MpiAllReduceWork(at::Tensor tensor, int world_size, double timeout_s, MPI_Datatype type, MPI_Op op)
+      : tensor_(std::move(tensor)), world_size_(world_size), timeout_s_(timeout_s) {
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor_.data_ptr(), static_cast<int>(tensor_.numel()), type, op,
+                             MPI_COMM_WORLD, &request_),
               "MPI_Iallreduce");
   }
   void wait() override {
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_for(request_, timeout_s_, "gradient all-reduce");
     tensor_.div_(world_size_);
   }
 
  private:
   at::Tensor tensor_;
   int world_size_;
+  double timeout_s_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
 // MPI collectives on CPU tensors: multi-rank training on machines without GPUs.
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(const World& world) : world_(world) {}
+  MpiCommunicator(const World& world, double timeout_s) : world_(world), timeout_s_(timeout_s) {
+    MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_);
+    MPI_Type_commit(&bf16_type_);
+    MPI_Op_create(&sum_bf16, /*commute=*/1, &bf16_sum_);
+  }
+  ~MpiCommunicator() override {
+    MPI_Op_free(&bf16_sum_);
+    MPI_Type_free(&bf16_type_);
+  }
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
     if (!tensor.is_cpu() || !tensor.is_contiguous()) throw std::invalid_argument("MPI all-reduce needs a contiguous CPU tensor");
     if (tensor.numel() > std::numeric_limits<int>::max()) throw std::invalid_argument("MPI all-reduce of over 2^31 elements");
-    return std::make_unique<MpiAllReduceWork>(tensor, world_.size);
+    const bool bf16 = tensor.scalar_type() == at::kBFloat16;
+    return std::make_unique<MpiAllReduceWork>(tensor, world_.size, timeout_s_, bf16 ? bf16_type_ : mpi_type(tensor),
+                                              bf16 ? bf16_sum_ : MPI_SUM);
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
-    check_mpi(MPI_Bcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor), root, MPI_COMM_WORLD),
-              "MPI_Bcast");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor), root, MPI_COMM_WORLD,
+                         &request),
+              "MPI_Ibcast");
+    wait_for(request, timeout_s_, "broadcast");
   }
 
   double all_reduce_sum(double value) override {
     double sum = 0.0;
-    check_mpi(MPI_Allreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request), "MPI_Iallreduce");
+    wait_for(request, timeout_s_, "all-reduce of a host value");
     return sum;
   }
 
  private:
   World world_;
+  double timeout_s_;
+  MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
 };
 
 }  // namespace
@@ -114,7 +159,7 @@ std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda, d
   // NCCL path is smoke-tested on a single GPU.
   if (!world.uses_mpi) return std::make_unique<SingleRankCommunicator>();
   if (cuda) return make_nccl_communicator(world, timeout_s);
-  return std::make_unique<MpiCommunicator>(world);
+  return std::make_unique<MpiCommunicator>(world, timeout_s);
 }
 
 }  // namespace mltrain

@@ -21,8 +21,12 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
-                         double first_bucket_mb, bool overlap)
-    : parameters_(std::move(parameters)), bucket_of_(parameters_.size()), communicator_(communicator), overlap_(overlap) {
+                         double first_bucket_mb, bool overlap, bool compress_bf16)
+    : parameters_(std::move(parameters)),
+      bucket_of_(parameters_.size()),
+      communicator_(communicator),
+      overlap_(overlap),
+      compress_bf16_(compress_bf16) {
   // Assign parameters to buckets, last registered first.
   int64_t capacity = static_cast<int64_t>(first_bucket_mb * (1 << 20));
   int64_t filled = 0;
@@ -81,7 +85,12 @@ void GradReducer::mark_ready(size_t parameter) {
 void GradReducer::launch_ready_buckets(bool all) {
   while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
     Bucket& bucket = buckets_[next_to_launch_++];
-    bucket.work = communicator_.all_reduce_average(bucket.buffer);
+    if (compress_bf16_) {
+      bucket.wire = bucket.buffer.to(at::kBFloat16);
+      bucket.work = communicator_.all_reduce_average(bucket.wire);
+    } else {
+      bucket.work = communicator_.all_reduce_average(bucket.buffer);
+    }
   }
 }
 
@@ -91,6 +100,10 @@ void GradReducer::finish() {
   for (Bucket& bucket : buckets_) {
     bucket.work->wait();
     bucket.work.reset();
+    if (bucket.wire.defined()) {
+      bucket.buffer.copy_(bucket.wire);
+      bucket.wire = at::Tensor();
+    }
     bucket.pending = bucket.parameters.size();
   }
   next_to_launch_ = 0;

@@ -24,11 +24,13 @@ class GradReducer {
     std::vector<size_t> parameters;   // indices into the reducer's parameter list
     std::vector<int64_t> offsets;     // each parameter's first element in buffer
     size_t pending = 0;               // gradients still to arrive in this backward
+    at::Tensor wire;                  // bf16 copy all-reduced in place of buffer, when compressing
     std::unique_ptr<CollectiveWork> work;
   };
 
+  // With compress_bf16 a bucket travels as bf16 (half the bytes) and is averaged in that precision.
   GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
-              double first_bucket_mb, bool overlap);
+              double first_bucket_mb, bool overlap, bool compress_bf16 = false);
   ~GradReducer();
 
   // Whether the coming backward communicates: off for the micro-steps of gradient accumulation
@@ -53,6 +55,7 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   Communicator& communicator_;
   bool overlap_;
+  bool compress_bf16_;
   bool sync_ = true;
   size_t next_to_launch_ = 0;
   std::mutex mutex_;

@@ -11,6 +11,7 @@ namespace mltrain {
 //   fail-checkpoint-write    a checkpoint write fails as on a full disk
 //   nonfinite-gradients:A-B  gradients of optimizer steps A..B (0-based) are NaN
 //   kill-rank-1              rank 1 of a multi-rank run SIGKILLs itself in its third step
+//   hang-rank-1              rank 1 of a multi-rank run sleeps for an hour in its third step
 // Unset (always, outside tests), nothing happens.
 bool fault_injected(std::string_view fault);
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -59,11 +60,8 @@ c10::Device rank_device(const Config& config, const World& world) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
 }
 
-// The dist keys that this build cannot honour yet are errors, not silently ignored.
+// A backend that cannot carry this run's tensors is an error, not a silent fallback.
 void check_dist(const Config& config, const World& world, const c10::Device& device) {
-  if (config.dist.grad_dtype != "fp32") {
-    throw UserError("dist.grad_dtype bf16 (compressed all-reduce) is not implemented yet: use fp32");
-  }
   if (world.size == 1) return;
   if (config.dist.backend == "nccl" && !device.is_cuda()) {
     throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
@@ -184,7 +182,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   }
   agree_across_ranks();
   reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb, kFirstBucketMb,
-                                           config.dist.overlap);
+                                           config.dist.overlap, config.dist.grad_dtype == "bf16" && world.size > 1);
   loader_ = std::make_unique<Loader>(train_windows_,
                                      Sampler(train_windows_.num_windows(), config.data.seed, layout_),
                                      world.rank, progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
@@ -236,6 +234,7 @@ void TrainingRun::run() {
     const double loss = accumulate_step_gradients();
     if (nonfinite_gradients_injected(step)) parameters_.front().grad().fill_(NAN);
     if (world_.rank == 1 && step == 2 && fault_injected("kill-rank-1")) std::raise(SIGKILL);
+    if (world_.rank == 1 && step == 2 && fault_injected("hang-rank-1")) std::this_thread::sleep_for(std::chrono::hours(1));
     const double grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
     const double lr = learning_rate(config_.optim, max_steps, step);
     // A non-finite loss or gradient would poison the weights and the moments for good: skip it.

@@ -16,11 +16,12 @@ const World& world = testing::mpi_world;
 
 // Gradients of a tiny model on `windows`, the same initial weights on every rank.
 std::vector<at::Tensor> reduced_gradients(const World& ranks, const at::Tensor& windows, bool overlap,
-                                         int64_t micro_steps) {
+                                         int64_t micro_steps, bool compress_bf16 = false) {
   at::manual_seed(7);
   Llama model(testing::tiny_config());
   const auto communicator = make_communicator(ranks, false);
-  GradReducer reducer(model->parameters(), *communicator, /*bucket_mb=*/0.05, /*first_bucket_mb=*/0.01, overlap);
+  GradReducer reducer(model->parameters(), *communicator, /*bucket_mb=*/0.05, /*first_bucket_mb=*/0.01, overlap,
+                      compress_bf16);
   EXPECT_GT(reducer.buckets().size(), 3u) << "the test should cover several buckets";
   const int64_t rows = windows.size(0) / micro_steps;
   for (int64_t micro = 0; micro < micro_steps; ++micro) {
@@ -48,13 +49,16 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
     EXPECT_TRUE(at::equal(with_overlap[i], without_overlap[i])) << "parameter " << i;
     EXPECT_LE(testing::relative_error(with_overlap[i], single_rank[i]), 1e-6) << "parameter " << i;
   }
+  // bf16 on the wire: the same average to bf16 precision, and still the same on both ranks.
+  const auto compressed = reduced_gradients(world, mine, true, 2, /*compress_bf16=*/true);
+  for (size_t i = 0; i < compressed.size(); ++i) {
+    EXPECT_LE(testing::relative_error(compressed[i], with_overlap[i]), 1e-2) << "parameter " << i;
+    EXPECT_GT(testing::relative_error(compressed[i], with_overlap[i]), 0.0) << "parameter " << i << " was not compressed";
+  }
   // Both ranks hold the same averaged gradients, bit for bit.
   const auto communicator = make_communicator(world, false);
-  for (const at::Tensor& grad : with_overlap) {
-    at::Tensor other = grad.clone();
-    communicator->broadcast(other, 0);
-    EXPECT_TRUE(at::equal(other, grad));
-  }
+  EXPECT_TRUE(same_on_all_ranks(with_overlap, *communicator));
+  EXPECT_TRUE(same_on_all_ranks(compressed, *communicator));
 }
 
 }  // namespace

@@ -158,5 +158,17 @@ TEST(Faults, ARankThatDiesStopsTheOthers) {
   EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
 }
 
+TEST(Faults, ARankThatHangsEndsTheRunAfterTheTimeout) {
+  TemporaryDirectory dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MLTRAIN_FAULT=hang-rank-1 " +
+                               std::string(MLTRAIN_MPIEXEC) + " 2 " +
+                               mltrain(write_config(dir, 1000000) + " --set dist.timeout_s=5"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "did not finish within dist.timeout_s = 5 s");
+  EXPECT_LT(seconds, 60.0);
+}
+
 }  // namespace
 }  // namespace mltrain
