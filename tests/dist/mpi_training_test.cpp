@@ -74,5 +74,26 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   }
 }
 
+TEST(MpiTraining, ACheckpointOfTwoRanksResumesOnOne) {
+  ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
+  const auto communicator = make_communicator(world, false);
+  const std::filesystem::path directory = shared_directory(*communicator);
+  train(run_in(directory, "unbroken", 4), "", world);
+  Config first_half = run_in(directory, "moved", 4);
+  first_half.train.stop_at = 5;
+  train(first_half, "", world);
+  // The same global batch on one rank reads the same samples: the run goes on where it stopped.
+  if (world.rank == 0) train(run_in(directory, "moved", 8), "auto", World());
+  communicator->all_reduce_sum(0.0);
+
+  if (world.rank == 0) {
+    const NamedTensors unbroken = final_weights(directory, "unbroken");
+    const NamedTensors moved = final_weights(directory, "moved");
+    for (const auto& [name, tensor] : unbroken) {
+      EXPECT_LE(testing::relative_error(moved.at(name), tensor), 1e-6) << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mltrain
