@@ -11,6 +11,8 @@ namespace mltrain {
 const char* const kUsage = R"(usage: mltrain CONFIG.yaml [options]
 
 Trains the LLaMA-style model that CONFIG.yaml describes (see configs/README.md for every key).
+Started by mpirun or srun, every process is one rank of a data-parallel run:
+  mpirun -n 8 mltrain configs/base.yaml
 
 options:
   --set section.key=value   override one config key (repeatable; later ones win)
