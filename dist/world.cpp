@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <stdexcept>
 
 namespace mltrain {
@@ -45,7 +48,14 @@ void finalize_world(const World& world) {
 }
 
 void abort_world(const World& world, int code) {
-  if (world.uses_mpi) MPI_Abort(MPI_COMM_WORLD, code);
+  if (world.uses_mpi) {
+    // The launcher forwards each rank's output asynchronously and stops doing so once it kills
+    // the ranks: give it a moment to pass on the error this rank has just printed.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
   std::exit(code);
 }
 

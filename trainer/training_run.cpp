@@ -60,15 +60,16 @@ c10::Device rank_device(const Config& config, const World& world) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
 }
 
-// A backend that cannot carry this run's tensors is an error, not a silent fallback.
-void check_dist(const Config& config, const World& world, const c10::Device& device) {
-  if (world.size == 1) return;
-  if (config.dist.backend == "nccl" && !device.is_cuda()) {
+// The communicator for dist.backend. A backend that cannot carry this run's tensors is an error,
+// not a silent fallback.
+std::unique_ptr<Communicator> run_communicator(const Config& config, const World& world, const c10::Device& device) {
+  if (world.size > 1 && config.dist.backend == "nccl" && !device.is_cuda()) {
     throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
   }
-  if (config.dist.backend == "mpi" && device.is_cuda()) {
+  if (world.size > 1 && config.dist.backend == "mpi" && device.is_cuda()) {
     throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");
   }
+  return make_communicator(world, device.is_cuda(), static_cast<double>(config.dist.timeout_s));
 }
 
 void check_tokenizer(const Config& config) {
@@ -157,7 +158,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       device_(rank_device(config, world)),
       bf16_(use_bf16_autocast(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
-      communicator_((check_dist(config, world, device_), make_communicator(world, device_.is_cuda(), static_cast<double>(config.dist.timeout_s)))),
+      communicator_(run_communicator(config, world, device_)),
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),

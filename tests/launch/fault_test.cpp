@@ -158,6 +158,21 @@ TEST(Faults, ARankThatDiesStopsTheOthers) {
   EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
 }
 
+TEST(Faults, RanksThatDisagreeStopBeforeTraining) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 8);
+  const std::string mpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC);
+  // Two ranks started with different overrides (mpirun's multiple-program syntax).
+  const auto mismatch = run_command(mpirun + " 1 " + mltrain(config + " --set optim.lr=1e-3") + " : -n 1 " +
+                                    mltrain(config + " --set optim.lr=2e-3"));
+  EXPECT_EQ(mismatch.exit_code, kExitUserError) << mismatch.output;
+  EXPECT_CONTAINS(mismatch.output, "the ranks were given different configs");
+  const auto backend = run_command(mpirun + " 2 " + mltrain(config + " --set dist.backend=nccl"));
+  EXPECT_EQ(backend.exit_code, kExitUserError) << backend.output;
+  EXPECT_CONTAINS(backend.output, "dist.backend nccl needs CUDA training");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
+}
+
 TEST(Faults, ARankThatHangsEndsTheRunAfterTheTimeout) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
