@@ -61,6 +61,12 @@ void AtomicFileWriter::commit() {
   fsync_directory(target_.has_parent_path() ? target_.parent_path() : ".");
 }
 
+void write_file_atomically(const std::filesystem::path& path, std::string_view text) {
+  AtomicFileWriter file(path);
+  file.write(text);
+  file.commit();
+}
+
 void fsync_directory(const std::filesystem::path& directory) {
   const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail("cannot open directory", directory);

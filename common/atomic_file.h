@@ -28,6 +28,9 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+// Writes `text` as the whole of `path`, atomically (see AtomicFileWriter).
+void write_file_atomically(const std::filesystem::path& path, std::string_view text);
+
 // Flushes a directory entry (a rename or a new file in it) to disk.
 void fsync_directory(const std::filesystem::path& directory);
 

@@ -136,9 +136,7 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
   if (!status.ok()) {
     throw UserError(fmt::format("training a {}-token tokenizer failed: {}", vocab_size, status.ToString()));
   }
-  AtomicFileWriter file(model);
-  file.write(serialized);
-  file.commit();
+  write_file_atomically(model, serialized);
 }
 
 }  // namespace mltrain

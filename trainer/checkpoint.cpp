@@ -58,12 +58,6 @@ at::Tensor from_hex(const std::string& text) {
   return bytes;
 }
 
-void write_text_file(const std::filesystem::path& path, const std::string& text) {
-  AtomicFileWriter file(path);
-  file.write(text);
-  file.commit();
-}
-
 void write_checkpoint_files(const std::filesystem::path& directory, const Llama& model, const AdamW& optimizer,
                             const TrainingProgress& progress, const Config& config, int64_t world_size) {
   save_model_weights(model, directory / "model.safetensors");
@@ -73,7 +67,7 @@ void write_checkpoint_files(const std::filesystem::path& directory, const Llama&
                                          (directory / "optimizer.safetensors").string()));
   }
   save_safetensors(directory / "optimizer.safetensors", optimizer.state());
-  write_text_file(directory / "config.yaml", config_to_yaml(config));
+  write_file_atomically(directory / "config.yaml", config_to_yaml(config));
 
   nlohmann::json files = nlohmann::json::object();
   for (const char* name : {"model.safetensors", "optimizer.safetensors", "config.yaml"}) {
@@ -91,7 +85,7 @@ void write_checkpoint_files(const std::filesystem::path& directory, const Llama&
       {"checksums_xxh3", files},
       {"versions", {{"mltrain", MLTRAIN_VERSION}, {"torch", TORCH_VERSION}}},
   };
-  write_text_file(directory / "state.json", state.dump(2) + "\n");
+  write_file_atomically(directory / "state.json", state.dump(2) + "\n");
 }
 
 nlohmann::json read_state(const std::filesystem::path& checkpoint) {
@@ -154,7 +148,7 @@ std::filesystem::path CheckpointStore::save(const Llama& model, const AdamW& opt
     std::filesystem::remove_all(final_path);  // a checkpoint of this step from an earlier attempt
     std::filesystem::rename(temporary, final_path);
     fsync_directory(directory_);
-    write_text_file(directory_ / "latest", checkpoint_name(progress.step) + "\n");
+    write_file_atomically(directory_ / "latest", checkpoint_name(progress.step) + "\n");
   } catch (const std::exception& error) {
     std::error_code ignored;
     std::filesystem::remove_all(temporary, ignored);

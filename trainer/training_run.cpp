@@ -90,12 +90,6 @@ TokenWindows open_windows(const std::string& pattern, const Config& config, cons
   return windows;
 }
 
-void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  AtomicFileWriter file(path);
-  file.write(text);
-  file.commit();
-}
-
 // The checkpoint `resume` names: "auto" is the newest in the run directory (none: start fresh),
 // anything else a checkpoint directory.
 std::optional<std::filesystem::path> checkpoint_to_resume(const std::string& resume, const CheckpointStore& store) {
@@ -188,7 +182,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
                                      Sampler(train_windows_.num_windows(), config.data.seed, layout_),
                                      world.rank, progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
   if (leader_) {
-    write_text_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
+    write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
     metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
   }
 }
