@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The newcomer's first command, on a fresh CPU machine: sets up and builds mltrain, prepares the
 # bundled demo corpus (English and Chinese fortunes from Debian packages) into data/demo/, trains
-# the smoke config on the CPU (about two and a half minutes), evaluates the trained weights, and
-# prints a greedy sample from the model.
+# the smoke config on the CPU into runs/smoke/ (replacing the previous demo run; about two minutes),
+# evaluates the trained weights, and prints a greedy sample from the model.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$repo/launch/build.sh"
@@ -15,6 +15,8 @@ mapfile -t fortunes < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -na
 build/bin/mlprep --input "${fortunes[@]}" --format fortune --vocab-size 4096 --out data/demo
 
 step "training configs/smoke.yaml into runs/smoke/"
+# The demo trains from scratch each time (on a corpus just prepared anew): its previous run goes.
+rm -rf runs/smoke
 build/bin/mltrain configs/smoke.yaml
 
 step "evaluating the newest checkpoint in runs/smoke/checkpoints/"

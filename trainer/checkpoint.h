@@ -43,6 +43,9 @@ class CheckpointStore {
   // The newest complete checkpoint, if any.
   std::optional<std::filesystem::path> latest() const;
 
+  // RUN_DIR/checkpoints.
+  const std::filesystem::path& directory() const { return directory_; }
+
  private:
   void prune(int64_t keep_last, int64_t keep_every) const;
 

@@ -91,9 +91,17 @@ TokenWindows open_windows(const std::string& pattern, const Config& config, cons
 }
 
 // The checkpoint `resume` names: "auto" is the newest in the run directory (none: start fresh),
-// anything else a checkpoint directory.
+// anything else a checkpoint directory. A fresh start is refused where checkpoints already are: its own would be pruned against them
+// and could replace them.
 std::optional<std::filesystem::path> checkpoint_to_resume(const std::string& resume, const CheckpointStore& store) {
-  if (resume.empty()) return std::nullopt;
+  if (resume.empty()) {
+    if (const auto existing = store.latest()) {
+      throw UserError(fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
+                                  "--resume auto, or start a new one in another train.run_dir",
+                                  store.directory().parent_path().string(), existing->filename().string()));
+    }
+    return std::nullopt;
+  }
   if (resume == "auto") {
     const auto latest = store.latest();
     if (!latest) spdlog::info("--resume auto: no checkpoint in the run directory yet; starting fresh");

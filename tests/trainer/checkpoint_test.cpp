@@ -172,6 +172,23 @@ TEST(Resume, StaleTemporaryDirectoriesAreRemoved) {
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000004" / "state.json"));
 }
 
+TEST(Resume, AFreshStartDoesNotTouchAnotherRunsCheckpoints) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  const std::string saved = testing::read_text(checkpoints / "step_00000004" / "model.safetensors");
+  config.train.max_steps = 8;
+  try {
+    train(config);
+    FAIL() << "a fresh run started over saved checkpoints";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "already holds checkpoints (newest: step_00000004): continue that run "
+                                               "with --resume auto");
+  }
+  EXPECT_EQ(testing::read_text(checkpoints / "step_00000004" / "model.safetensors"), saved);
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
+}
+
 TEST(Resume, AutoWithoutACheckpointStartsFresh) {
   TemporaryDirectory dir;
   Config config = testing::tiny_run(dir.path());
