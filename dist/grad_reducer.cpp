@@ -61,6 +61,7 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
       torch::autograd::impl::set_post_acc_grad_hooks(parameters_[i],
                                                      std::make_unique<ReadyHook>([this, i] { mark_ready(i); }));
     }
+    if (compress_bf16_) bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
     bucket.parameters = members[b];
     bucket.pending = members[b].size();
     buckets_.push_back(std::move(bucket));
@@ -86,7 +87,7 @@ void GradReducer::launch_ready_buckets(bool all) {
   while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
     Bucket& bucket = buckets_[next_to_launch_++];
     if (compress_bf16_) {
-      bucket.wire = bucket.buffer.to(at::kBFloat16);
+      bucket.wire.copy_(bucket.buffer);
       bucket.work = communicator_.all_reduce_average(bucket.wire);
     } else {
       bucket.work = communicator_.all_reduce_average(bucket.buffer);
@@ -100,10 +101,7 @@ void GradReducer::finish() {
   for (Bucket& bucket : buckets_) {
     bucket.work->wait();
     bucket.work.reset();
-    if (bucket.wire.defined()) {
-      bucket.buffer.copy_(bucket.wire);
-      bucket.wire = at::Tensor();
-    }
+    if (compress_bf16_) bucket.buffer.copy_(bucket.wire);
     bucket.pending = bucket.parameters.size();
   }
   next_to_launch_ = 0;

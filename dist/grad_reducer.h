@@ -24,7 +24,7 @@ class GradReducer {
     std::vector<size_t> parameters;   // indices into the reducer's parameter list
     std::vector<int64_t> offsets;     // each parameter's first element in buffer
     size_t pending = 0;               // gradients still to arrive in this backward
-    at::Tensor wire;                  // bf16 copy all-reduced in place of buffer, when compressing
+    at::Tensor wire;                  // bf16 twin all-reduced in place of buffer, when compressing
     std::unique_ptr<CollectiveWork> work;
   };
 

@@ -339,7 +339,7 @@ std::filesystem::path TrainingRun::save_checkpoint() {
     throw std::runtime_error(fmt::format("the ranks' weights differ at step {}: data-parallel training diverged",
                                          progress_.step));
   }
-  std::filesystem::path path = checkpoints_.latest().value_or(run_dir_);
+  std::filesystem::path path;  // known to rank 0, the one that reports it
   if (leader_) {
     path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size);
     spdlog::info("checkpoint: {}", path.string());
