@@ -48,8 +48,7 @@ void Loader::produce() {
         if (stopping_) return;
       }
       MicroBatch batch{gather_windows(windows_, sampler_.windows(next_step_start_, next_micro_step_, rank_),
-                                      pin_memory_),
-                       next_step_start_, next_micro_step_};
+                                      pin_memory_)};
       if (++next_micro_step_ == sampler_.layout().grad_accum) {
         next_micro_step_ = 0;
         next_step_start_ += sampler_.layout().global_batch();

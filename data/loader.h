@@ -17,8 +17,6 @@ namespace mltrain {
 // tokens[:, :-1] and predicts tokens[:, 1:].
 struct MicroBatch {
   at::Tensor tokens;
-  int64_t step_start;  // the first sample of the optimizer step this belongs to
-  int64_t micro_step;
 };
 
 // Gathers this rank's micro-batches on a background thread, in training order from `start_sample`

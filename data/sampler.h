@@ -32,7 +32,6 @@ class Sampler {
   int64_t window_of_sample(int64_t sample);
 
   const BatchLayout& layout() const { return layout_; }
-  int64_t num_windows() const { return num_windows_; }
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch);

@@ -1,7 +1,5 @@
 #include "dist/communicator.h"
 
-#include "dist/nccl_communicator.h"
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <mpi.h>
@@ -9,9 +7,11 @@
 
 #include <chrono>
 #include <limits>
+#include <stdexcept>
 #include <thread>
 
-#include <stdexcept>
+#include "common/error.h"
+#include "dist/nccl_communicator.h"
 
 namespace mltrain {
 namespace {
@@ -154,11 +154,18 @@ bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& com
   return communicator.all_reduce_sum(hash == leader_hash ? 0.0 : 1.0) == 0.0;
 }
 
-std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda, double timeout_s) {
+std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device,
+                                                const std::string& backend, double timeout_s) {
+  if (world.size > 1 && backend == "nccl" && !device.is_cuda()) {
+    throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
+  }
+  if (world.size > 1 && backend == "mpi" && device.is_cuda()) {
+    throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");
+  }
   // Under an MPI launcher even one rank talks through the real backend: `mpirun -n 1` is how the
   // NCCL path is smoke-tested on a single GPU.
   if (!world.uses_mpi) return std::make_unique<SingleRankCommunicator>();
-  if (cuda) return make_nccl_communicator(world, timeout_s);
+  if (device.is_cuda()) return make_nccl_communicator(world, timeout_s);
   return std::make_unique<MpiCommunicator>(world, timeout_s);
 }
 

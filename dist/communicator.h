@@ -1,8 +1,10 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dist/world.h"
@@ -37,8 +39,13 @@ class Communicator {
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
 
-// The communicator for `world`: the identity for a process not started by an MPI launcher, else
-// NCCL for CUDA tensors (with timeout_s for a stuck collective) and MPI for CPU tensors.
-std::unique_ptr<Communicator> make_communicator(const World& world, bool cuda, double timeout_s = 600.0);
+// The communicator for `world` whose tensors live on `device`, for dist.backend `backend` (auto,
+// nccl or mpi): the identity for a process not started by an MPI launcher, else NCCL for CUDA
+// tensors and MPI for CPU tensors, collectives that do not finish within timeout_s ending the run.
+// A backend that cannot carry the device's tensors (nccl on the CPU, mpi on CUDA) is a UserError,
+// not a silent fallback.
+std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device = c10::kCPU,
+                                                const std::string& backend = "auto",
+                                                double timeout_s = 600.0);
 
 }  // namespace mltrain

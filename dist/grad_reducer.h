@@ -19,15 +19,6 @@ namespace mltrain {
 // all-reduced at once (overlap) and in bucket order on every rank, while backward goes on.
 class GradReducer {
  public:
-  struct Bucket {
-    at::Tensor buffer;                // flat gradients of its parameters
-    std::vector<size_t> parameters;   // indices into the reducer's parameter list
-    std::vector<int64_t> offsets;     // each parameter's first element in buffer
-    size_t pending = 0;               // gradients still to arrive in this backward
-    at::Tensor wire;                  // bf16 twin all-reduced in place of buffer, when compressing
-    std::unique_ptr<CollectiveWork> work;
-  };
-
   // With compress_bf16 a bucket travels as bf16 (half the bytes) and is averaged in that precision.
   GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
               double first_bucket_mb, bool overlap, bool compress_bf16 = false);
@@ -44,9 +35,16 @@ class GradReducer {
   // Zeroes the gradients in place (they must stay views into the buckets).
   void zero_grad();
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
-
  private:
+  struct Bucket {
+    at::Tensor buffer;                // flat gradients of its parameters
+    std::vector<size_t> parameters;   // indices into the reducer's parameter list
+    std::vector<int64_t> offsets;     // each parameter's first element in buffer
+    size_t pending = 0;               // gradients still to arrive in this backward
+    at::Tensor wire;                  // bf16 twin all-reduced in place of buffer, when compressing
+    std::unique_ptr<CollectiveWork> work;
+  };
+
   void mark_ready(size_t parameter);
   void launch_ready_buckets(bool all);
 

@@ -1,7 +1,9 @@
 // mlgen: continues a prompt with a trained model (greedy decoding).
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <string_view>
+#include <charconv>
+#include <optional>
 
 #include "common/error.h"
 #include "common/guarded_main.h"
@@ -9,66 +11,91 @@
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/hf_state_dict.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_store.h"
 #include "trainer/config.h"
 
 namespace {
 
-const char* const kUsage = R"(usage: mlgen RUN_DIR [--prompt TEXT] [--tokens N]
-
-Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
+const char* const kDescription = R"(Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
 and prints the prompt continued greedily by the model until the end of a document or N new
-tokens (default 64).
+tokens.
 )";
+
+struct GenerateArguments {
+  std::string run_dir;
+  std::string prompt;
+  int64_t max_tokens = 64;
+};
+
+// The arguments of the command line; none (the help printed) for --help. A bad argument is a
+// one-line UserError.
+std::optional<GenerateArguments> parse_arguments(int argc, const char* const* argv) {
+  GenerateArguments arguments;
+  CLI::App app(kDescription, "mlgen");
+  // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
+  app.allow_extras();
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("RUN_DIR", arguments.run_dir, "the run directory mltrain trained in")->required()->type_name("");
+  app.add_option("--prompt", arguments.prompt, "the text to continue; default: start a new document")
+      ->type_name("TEXT");
+  // Checked as text, before CLI11 converts it, so that the error says what is expected.
+  app.add_option("--tokens", arguments.max_tokens, "most new tokens to generate; default 64")
+      ->type_name("N")
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            int64_t number = 0;
+            const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+            if (error == std::errc() && end == value.data() + value.size() && number > 0) return std::string();
+            return fmt::format("expected a positive integer, got \"{}\"", value);
+          },
+          ""));
+  bool run_dir_missing = false;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    return std::nullopt;
+  } catch (const CLI::RequiredError&) {  // the run directory is the one required argument
+    run_dir_missing = true;
+  } catch (const CLI::ParseError& error) {
+    throw mltrain::UserError(fmt::format("{} (see mlgen --help)", error.what()));
+  }
+  // An unknown flag is reported before a missing run directory: in `mlgen --temp 1` it is the mistake.
+  const std::vector<std::string> extra = app.remaining();
+  if (!extra.empty()) {
+    throw mltrain::UserError(fmt::format("{} {} (see mlgen --help)",
+                                         extra.front().starts_with("-") ? "unknown option" : "unexpected argument",
+                                         extra.front()));
+  }
+  if (run_dir_missing) throw mltrain::UserError("no run directory given (see mlgen --help)");
+  return arguments;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   mltrain::setup_logging(/*rank=*/0);
   return mltrain::guarded_main([&] {
-    std::string run_dir;
-    std::string prompt;
-    int64_t max_tokens = 64;
-    for (int i = 1; i < argc; ++i) {
-      const std::string_view argument = argv[i];
-      if (argument == "--help" || argument == "-h") {
-        fmt::print("{}", kUsage);
-        return 0;
-      }
-      if ((argument == "--prompt" || argument == "--tokens") && i + 1 == argc) {
-        throw mltrain::UserError(fmt::format("{} needs a value (see mlgen --help)", argument));
-      }
-      if (argument == "--prompt") {
-        prompt = argv[++i];
-      } else if (argument == "--tokens") {
-        const std::string value = argv[++i];
-        if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos || value.size() > 9) {
-          throw mltrain::UserError(fmt::format("--tokens expects a positive integer, got \"{}\"", value));
-        }
-        max_tokens = std::stoll(value);
-      } else if (argument.starts_with("-") || !run_dir.empty()) {
-        throw mltrain::UserError(fmt::format("unexpected argument {} (see mlgen --help)", argument));
-      } else {
-        run_dir = argument;
-      }
-    }
-    if (run_dir.empty()) throw mltrain::UserError("no run directory given (see mlgen --help)");
-    const mltrain::Config config = mltrain::load_config(std::filesystem::path(run_dir) / "config.yaml");
+    const std::optional<GenerateArguments> arguments = parse_arguments(argc, argv);
+    if (!arguments) return 0;
+    const mltrain::Config config = mltrain::load_config(std::filesystem::path(arguments->run_dir) / "config.yaml");
+    // The checkpoint is verified first: damaged weights are the error to report, whatever else is.
+    const std::filesystem::path weights = mltrain::find_weights(arguments->run_dir);
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);
     mltrain::Llama model(config.model);
-    mltrain::load_model_weights(model, mltrain::find_weights(run_dir));
+    mltrain::load_model_weights(model, weights);
     model->eval();
 
     std::vector<int64_t> ids;
-    for (const uint32_t id : tokenizer.encode(prompt)) ids.push_back(id);
+    for (const uint32_t id : tokenizer.encode(arguments->prompt)) ids.push_back(id);
     if (ids.empty()) ids.push_back(tokenizer.end_of_document());  // no prompt: start a new document
     const std::vector<int64_t> generated =
-        mltrain::generate_greedy(model, ids, max_tokens, tokenizer.end_of_document());
+        mltrain::generate_greedy(model, ids, arguments->max_tokens, tokenizer.end_of_document());
     std::vector<int> text_ids;
     for (const int64_t id : generated) {
       if (id != tokenizer.end_of_document()) text_ids.push_back(static_cast<int>(id));
     }
-    fmt::print("{}{}\n", prompt, tokenizer.decode(text_ids));
+    fmt::print("{}{}\n", arguments->prompt, tokenizer.decode(text_ids));
     return 0;
   });
 }

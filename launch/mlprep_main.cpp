@@ -1,7 +1,9 @@
 // mlprep: turns text into token shards and a tokenizer that mltrain trains on.
+#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <string_view>
+#include <charconv>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -11,43 +13,104 @@
 
 namespace {
 
-const char* const kUsage = R"(usage: mlprep --input FILE... --out DIR [options]
-
-Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer (unless one is given),
+const char* const kDescription = R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer (unless one is given),
 encodes the documents and writes DIR/train_000000.bin..., DIR/val_000000.bin... (llm.c token
 shards) and DIR/tokenizer.model.
-
-options:
-  --input FILE...        input files (several may follow one --input)
-  --out DIR              output directory
-  --format F             text (blank lines separate documents), jsonl ("text" field) or
-                         fortune ("%" lines separate documents); default text
-  --vocab-size N         tokenizer vocabulary; default 4096
-  --tokenizer MODEL      use this SentencePiece model instead of training one
-  --val-fraction F       share of documents held out for validation; default 0.05
-  --shard-tokens N       tokens per shard file; default 100000000
-  --threads N            encoding and training threads; default: all cores
-  --seed N               seed of the validation choice; default 1337
 )";
 
-int64_t parse_integer(std::string_view flag, const std::string& value, int64_t min) {
-  try {
-    size_t used = 0;
-    const int64_t number = std::stoll(value, &used);
-    if (used == value.size() && number >= min) return number;
-  } catch (const std::exception&) {
-  }
-  throw mltrain::UserError(fmt::format("{} expects an integer of at least {}, got \"{}\"", flag, min, value));
+// All of `text` as one number, or none.
+template <class T>
+std::optional<T> parse_number(const std::string& text) {
+  T number{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return number;
 }
 
-double parse_fraction(const std::string& value) {
+// Numbers are checked as text, before CLI11 converts them, so that the error says what is expected.
+CLI::Validator integer_at_least(int64_t min) {
+  return CLI::Validator(
+      [min](const std::string& value) {
+        const std::optional<int64_t> number = parse_number<int64_t>(value);
+        if (number && *number >= min) return std::string();
+        return fmt::format("expected an integer of at least {}, got \"{}\"", min, value);
+      },
+      "");
+}
+
+CLI::Validator fraction() {
+  return CLI::Validator(
+      [](const std::string& value) {
+        const std::optional<double> number = parse_number<double>(value);
+        if (number && *number >= 0.0 && *number < 1.0) return std::string();
+        return fmt::format("expected a number in [0, 1), got \"{}\"", value);
+      },
+      "");
+}
+
+// mlprep's arguments, bound to `options` and `format`: parsing and --help both come from here.
+void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options, std::string& format) {
+  app.name("mlprep");
+  app.description(kDescription);
+  // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
+  app.allow_extras();
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--input", options.inputs, "input files (several may follow one --input)")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--out", options.out_dir, "output directory")->required()->type_name("DIR");
+  app.add_option("--format", format,
+                 "text (blank lines separate documents), jsonl (\"text\" field) or\n"
+                 "fortune (\"%\" lines separate documents); default text")
+      ->type_name("F");
+  app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
+      ->type_name("N")
+      ->check(integer_at_least(260));
+  app.add_option("--tokenizer", options.tokenizer, "use this SentencePiece model instead of training one")
+      ->type_name("MODEL");
+  app.add_option("--val-fraction", options.val_fraction, "share of documents held out for validation; default 0.05")
+      ->type_name("F")
+      ->check(fraction());
+  app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard file; default 100000000")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_option("--threads", options.threads, "encoding and training threads; default: all cores")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_option("--seed", options.seed, "seed of the validation choice; default 1337")
+      ->type_name("N")
+      ->check(integer_at_least(0));
+}
+
+// The options of the command line; none (the help printed) for --help. A bad argument is a
+// one-line UserError.
+std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* const* argv) {
+  mltrain::CorpusPrepOptions options;
+  options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string format = "text";
+  CLI::App app;
+  define_arguments(app, options, format);
+  std::string missing;
   try {
-    size_t used = 0;
-    const double number = std::stod(value, &used);
-    if (used == value.size() && number >= 0.0 && number < 1.0) return number;
-  } catch (const std::exception&) {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    return std::nullopt;
+  } catch (const CLI::RequiredError& error) {
+    missing = error.what();
+  } catch (const CLI::ParseError& error) {
+    throw mltrain::UserError(fmt::format("{} (see mlprep --help)", error.what()));
   }
-  throw mltrain::UserError(fmt::format("--val-fraction expects a number in [0, 1), got \"{}\"", value));
+  // An unknown flag is reported before a missing one: it is often the missing one misspelt.
+  const std::vector<std::string> extra = app.remaining();
+  if (!extra.empty()) {
+    throw mltrain::UserError(fmt::format("{} {} (see mlprep --help)",
+                                         extra.front().starts_with("-") ? "unknown option" : "unexpected argument",
+                                         extra.front()));
+  }
+  if (!missing.empty()) throw mltrain::UserError(fmt::format("{} (see mlprep --help)", missing));
+  options.format = mltrain::parse_document_format(format);
+  return options;
 }
 
 }  // namespace
@@ -55,34 +118,8 @@ double parse_fraction(const std::string& value) {
 int main(int argc, char** argv) {
   mltrain::setup_logging(/*rank=*/0);
   return mltrain::guarded_main([&] {
-    mltrain::CorpusPrepOptions options;
-    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    for (int i = 1; i < argc; ++i) {
-      const std::string_view flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        fmt::print("{}", kUsage);
-        return 0;
-      }
-      if (flag == "--input") {
-        while (i + 1 < argc && std::string_view(argv[i + 1]).substr(0, 2) != "--") options.inputs.emplace_back(argv[++i]);
-        continue;
-      }
-      if (!flag.starts_with("--")) throw mltrain::UserError(fmt::format("unexpected argument {} (see mlprep --help)", flag));
-      if (i + 1 == argc) throw mltrain::UserError(fmt::format("{} needs a value (see mlprep --help)", flag));
-      const std::string value = argv[++i];
-      if (flag == "--out") options.out_dir = value;
-      else if (flag == "--format") options.format = mltrain::parse_document_format(value);
-      else if (flag == "--vocab-size") options.vocab_size = parse_integer(flag, value, 260);
-      else if (flag == "--tokenizer") options.tokenizer = value;
-      else if (flag == "--val-fraction") options.val_fraction = parse_fraction(value);
-      else if (flag == "--shard-tokens") options.shard_tokens = parse_integer(flag, value, 1);
-      else if (flag == "--threads") options.threads = static_cast<int>(parse_integer(flag, value, 1));
-      else if (flag == "--seed") options.seed = static_cast<uint64_t>(parse_integer(flag, value, 0));
-      else throw mltrain::UserError(fmt::format("unknown option {} (see mlprep --help)", flag));
-    }
-    if (options.inputs.empty()) throw mltrain::UserError("no --input files given (see mlprep --help)");
-    if (options.out_dir.empty()) throw mltrain::UserError("no --out directory given (see mlprep --help)");
-    mltrain::prepare_corpus(options);
+    const std::optional<mltrain::CorpusPrepOptions> options = parse_arguments(argc, argv);
+    if (options) mltrain::prepare_corpus(*options);
     return 0;
   });
 }

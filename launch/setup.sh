@@ -13,9 +13,11 @@ requirements=$repo/launch/requirements.txt
 debian_packages=(
   # build
   build-essential cmake ninja-build ccache git
+  # the house rules: .ci/check_format.sh and .ci/clang_tidy.sh
+  clang-format clang-tidy
   # libraries
   libopenmpi-dev openmpi-bin libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libsentencepiece-dev sentencepiece nlohmann-json3-dev libxxhash-dev
+  libsentencepiece-dev sentencepiece nlohmann-json3-dev libxxhash-dev libcli11-dev
   # the Python that hosts the torch wheel
   python3 python3-venv
   # real text for the bundled demo corpus and the data tests: English and Chinese fortunes

@@ -2,39 +2,20 @@
 
 #include <ATen/ATen.h>
 
-#include "model/feed_forward.h"
 #include "model/kv_cache.h"
+#include "model/linear.h"
 #include "model/rotary.h"
 
 namespace mltrain {
 
-KVCache::KVCache(const ModelConfig& config, int64_t batch, int64_t capacity,
-                 at::TensorOptions options)
-    : capacity_(capacity) {
-  for (int64_t layer = 0; layer < config.n_layers; ++layer) {
-    keys_.push_back(at::zeros({batch, config.n_kv_heads, capacity, config.head_dim}, options));
-    values_.push_back(at::zeros({batch, config.n_kv_heads, capacity, config.head_dim}, options));
-  }
-}
-
-std::pair<at::Tensor, at::Tensor> KVCache::append(int64_t layer, int64_t start,
-                                                  const at::Tensor& k, const at::Tensor& v) {
-  const int64_t length = k.size(2);
-  TORCH_CHECK(start + length <= capacity_, "KV cache holds ", capacity_, " positions, asked for ",
-              start + length);
-  keys_[layer].narrow(2, start, length).copy_(k);
-  values_[layer].narrow(2, start, length).copy_(v);
-  return {keys_[layer].narrow(2, 0, start + length), values_[layer].narrow(2, 0, start + length)};
-}
-
 AttentionImpl::AttentionImpl(const ModelConfig& config)
-    : wq(register_module("wq", torch::nn::Linear(linear_options(
+    : wq(register_module("wq", torch::nn::Linear(bias_free_linear(
                                    config.d_model, config.n_q_heads * config.head_dim)))),
-      wk(register_module("wk", torch::nn::Linear(linear_options(
+      wk(register_module("wk", torch::nn::Linear(bias_free_linear(
                                    config.d_model, config.n_kv_heads * config.head_dim)))),
-      wv(register_module("wv", torch::nn::Linear(linear_options(
+      wv(register_module("wv", torch::nn::Linear(bias_free_linear(
                                    config.d_model, config.n_kv_heads * config.head_dim)))),
-      wo(register_module("wo", torch::nn::Linear(linear_options(
+      wo(register_module("wo", torch::nn::Linear(bias_free_linear(
                                    config.n_q_heads * config.head_dim, config.d_model)))),
       n_q_heads_(config.n_q_heads),
       n_kv_heads_(config.n_kv_heads),

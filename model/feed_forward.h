@@ -6,11 +6,6 @@
 
 namespace mltrain {
 
-// Every projection in the model is bias-free.
-inline torch::nn::LinearOptions linear_options(int64_t in, int64_t out) {
-  return torch::nn::LinearOptions(in, out).bias(false);
-}
-
 // SwiGLU: w_down(silu(w_gate x) * w_up x).
 class FeedForwardImpl : public torch::nn::Module {
  public:

@@ -21,10 +21,7 @@ class KVCache {
   std::pair<at::Tensor, at::Tensor> append(int64_t layer, int64_t start, const at::Tensor& k,
                                            const at::Tensor& v);
 
-  int64_t capacity() const { return capacity_; }
-
  private:
-  int64_t capacity_;
   std::vector<at::Tensor> keys_;
   std::vector<at::Tensor> values_;
 };

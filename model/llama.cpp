@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "model/kv_cache.h"
+#include "model/linear.h"
 
 namespace mltrain {
 
@@ -40,7 +41,7 @@ LlamaImpl::LlamaImpl(const ModelConfig& config)
   norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps));
   if (!config.tie_word_embeddings) {
     lm_head = register_module("lm_head",
-                              torch::nn::Linear(linear_options(config.d_model, config.vocab_size)));
+                              torch::nn::Linear(bias_free_linear(config.d_model, config.vocab_size)));
   }
   rotary = register_module("rotary",
                            Rotary(config.head_dim, config.max_seq_len, config.rope_theta));

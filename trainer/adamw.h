@@ -3,11 +3,10 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "model/safetensors.h"
 
 namespace mltrain {
 
@@ -18,30 +17,29 @@ struct AdamWOptions {
   double weight_decay = 0.1;
 };
 
-// Which implementation steps the parameters: the fused multi-tensor kernel (one launch for all
-// parameters; CUDA and CPU), or a sequence of foreach multi-tensor ops. Both compute AdamW
-// (Loshchilov & Hutter) with bias correction and decoupled weight decay.
-enum class AdamWKernel { kFused, kForEach };
-
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+// Tensors by name, in the order of the names: what a .safetensors file holds.
+using OptimizerState = std::map<std::string, at::Tensor>;
 
-// AdamW over a model's parameters. Weight decay applies to matrices (embeddings and projections)
-// and not to vectors (norm weights), as is usual for transformers.
+// AdamW (Loshchilov & Hutter) with bias correction and decoupled weight decay, over a model's
+// parameters, through PyTorch's fused multi-tensor kernel (one launch for all parameters, on CUDA
+// and the CPU). Weight decay applies to matrices (embeddings and projections) and not to vectors
+// (norm weights), as is usual for transformers. The optimizer never touches .grad itself: the
+// gradient reducer owns the gradients, which must stay views into its buckets.
 class AdamW {
  public:
-  AdamW(const NamedParameters& parameters, AdamWOptions options, AdamWKernel kernel);
+  AdamW(const NamedParameters& parameters, AdamWOptions options);
 
   // One update with learning rate `lr` from the parameters' .grad().
   void step(double lr);
-  void zero_grad();
   int64_t steps() const { return steps_; }
 
   // The moments and step counts, as "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.step"
   // (sharing storage with the optimizer).
-  NamedTensors state() const;
+  OptimizerState state() const;
   // Restores a state() of the same parameters; a missing or misshapen entry is a UserError naming
   // `source` and the entry.
-  void load_state(const NamedTensors& saved, const std::string& source);
+  void load_state(const OptimizerState& saved, const std::string& source);
 
  private:
   struct Group {
@@ -52,11 +50,7 @@ class AdamW {
     std::vector<at::Tensor> state_steps;  // one float per parameter, as the fused kernel wants
     double weight_decay;
   };
-  void fused_step(Group& group, double lr);
-  void foreach_step(Group& group, double lr);
-
   AdamWOptions options_;
-  AdamWKernel kernel_;
   std::vector<Group> groups_;
   int64_t steps_ = 0;
 };

@@ -1,73 +1,87 @@
 #include "trainer/command_line.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-
-#include <string_view>
 
 #include "common/error.h"
 
 namespace mltrain {
+namespace {
 
-const char* const kUsage = R"(usage: mltrain CONFIG.yaml [options]
-
-Trains the LLaMA-style model that CONFIG.yaml describes (see configs/README.md for every key).
+const char* const kDescription =
+    R"(Trains the LLaMA-style model that CONFIG.yaml describes (see configs/README.md for every key).
 Started by mpirun or srun, every process is one rank of a data-parallel run:
   mpirun -n 8 mltrain configs/base.yaml
-
-options:
-  --set section.key=value   override one config key (repeatable; later ones win)
-  --resume auto|PATH        continue training from a checkpoint: auto is the newest in
-                            train.run_dir (none: start fresh), else a checkpoint directory
-  --eval-only               evaluate trained weights on the validation data and exit: those of
-                            --resume (auto: the run's newest checkpoint, or a checkpoint
-                            directory or .safetensors file)
-  --plot                    draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit
-  --dry-run                 validate the config, build the model, print its parameters and
-                            FLOPs per token, and exit
-  --dump-config             print the effective config as YAML and exit
-  --help                    print this help and exit
-
-exit codes: 0 success, 1 runtime failure, 2 bad input (config, files, arguments)
 )";
+
+const char* const kFooter = "exit codes: 0 success, 1 runtime failure, 2 bad input (config, files, arguments)";
+
+// mltrain's arguments, bound to `command_line`: parsing and --help both come from here.
+void define_arguments(CLI::App& app, CommandLine& command_line) {
+  app.name("mltrain");
+  app.description(kDescription);
+  app.footer(kFooter);
+  // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
+  app.allow_extras();
+  // A repeated option takes its last value, as --set's later overrides win.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("CONFIG.yaml", command_line.config_path, "the run's config")->required()->type_name("");
+  app.add_option("--set", command_line.overrides, "override one config key (repeatable; later ones win)")
+      ->type_name("section.key=value")
+      ->allow_extra_args(false);  // one value per --set, so the config path after it stays the config
+  app.add_option("--resume", command_line.resume,
+                 "continue training from a checkpoint: auto is the newest in\n"
+                 "train.run_dir (none: start fresh), else a checkpoint directory")
+      ->type_name("auto|PATH");
+  app.add_flag("--eval-only", command_line.eval_only,
+               "evaluate trained weights on the validation data and exit: those of\n"
+               "--resume (auto: the run's newest checkpoint, or a checkpoint\n"
+               "directory or .safetensors file)");
+  app.add_flag("--plot", command_line.plot, "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
+  app.add_flag("--dry-run", command_line.dry_run,
+               "validate the config, build the model, print its parameters and\n"
+               "FLOPs per token, and exit");
+  app.add_flag("--dump-config", command_line.dump_config, "print the effective config as YAML and exit");
+}
+
+}  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
   CommandLine command_line;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view argument = argv[i];
-    if (argument == "--help" || argument == "-h") {
-      command_line.help = true;
-    } else if (argument == "--dry-run") {
-      command_line.dry_run = true;
-    } else if (argument == "--dump-config") {
-      command_line.dump_config = true;
-    } else if (argument == "--eval-only") {
-      command_line.eval_only = true;
-    } else if (argument == "--plot") {
-      command_line.plot = true;
-    } else if (argument == "--resume") {
-      if (i + 1 == argc) throw UserError("--resume needs auto or a path");
-      command_line.resume = argv[++i];
-    } else if (argument == "--set") {
-      if (i + 1 == argc) throw UserError("--set needs section.key=value");
-      command_line.overrides.emplace_back(argv[++i]);
-    } else if (argument.starts_with("--set=")) {
-      command_line.overrides.emplace_back(argument.substr(6));
-    } else if (argument.starts_with("-")) {
-      throw UserError(fmt::format("unknown option {} (see mltrain --help)", argument));
-    } else if (command_line.config_path.empty()) {
-      command_line.config_path = argument;
-    } else {
-      throw UserError(fmt::format("unexpected argument {}: give one config file", argument));
-    }
+  CLI::App app;
+  define_arguments(app, command_line);
+  bool config_missing = false;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    command_line.help = true;
+    return command_line;
+  } catch (const CLI::RequiredError&) {  // the config path is the one required argument
+    config_missing = true;
+  } catch (const CLI::ParseError& error) {
+    throw UserError(fmt::format("{} (see mltrain --help)", error.what()));
   }
-  if (command_line.config_path.empty() && !command_line.help) {
-    throw UserError("no config file given (usage: mltrain CONFIG.yaml [options]; see --help)");
+  // An unknown flag is reported before a missing config: in `mltrain --dryrun` it is the mistake.
+  const std::vector<std::string> extra = app.remaining();
+  if (!extra.empty() && extra.front().starts_with("-")) {
+    throw UserError(fmt::format("unknown option {} (see mltrain --help)", extra.front()));
   }
+  if (!extra.empty()) {
+    throw UserError(fmt::format("unexpected argument {}: give one config file", extra.front()));
+  }
+  if (config_missing) throw UserError("no config file given (see mltrain --help)");
   if (command_line.eval_only && command_line.resume.empty()) {
     throw UserError("--eval-only needs trained weights: add --resume auto (the run directory) or "
                     "--resume PATH");
   }
   return command_line;
+}
+
+std::string command_line_help() {
+  CommandLine unused;
+  CLI::App app;
+  define_arguments(app, unused);
+  return app.help();
 }
 
 }  // namespace mltrain

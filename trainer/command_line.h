@@ -18,9 +18,11 @@ struct CommandLine {
   bool help = false;
 };
 
-// Throws UserError for an unknown flag, a missing value or a missing config path.
+// Throws UserError, one line naming the argument, for an unknown flag, a missing value or a
+// missing config path.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
-extern const char* const kUsage;
+// The --help text, made from the definitions parse_command_line parses with.
+std::string command_line_help();
 
 }  // namespace mltrain

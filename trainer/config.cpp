@@ -8,7 +8,9 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "common/error.h"
 
@@ -70,6 +72,13 @@ void check_limits(const T& value, const Limits& limits, const std::string& path,
   }
 }
 
+// What a value that does not fit is, for the message: its text, or what kind of YAML it is.
+std::string describe(const YAML::Node& node) {
+  if (node.IsScalar()) return "\"" + node.Scalar() + "\"";
+  if (node.IsNull()) return "an empty value";
+  return node.IsMap() ? "a YAML mapping" : "a YAML sequence";
+}
+
 template <class Section, class T>
 KeySpec key(Section Config::*section, T Section::*field, std::string path,
             std::string description, Limits limits = {}) {
@@ -80,8 +89,10 @@ KeySpec key(Section Config::*section, T Section::*field, std::string path,
   spec.read = [section, field, path, limits](Config& config, const YAML::Node& node,
                                              const Origin& origin) {
     T value{};
-    bool converted = node.IsScalar();
-    if (converted) {
+    // YAML reads an empty value (`--set data.tokenizer=`, `tokenizer:`) as null; for a string that
+    // is the empty string, which a key such as data.tokenizer takes to mean "none".
+    bool converted = node.IsScalar() || (std::is_same_v<T, std::string> && node.IsNull());
+    if (converted && node.IsScalar()) {
       try {
         value = node.as<T>();
       } catch (const YAML::Exception&) {
@@ -89,9 +100,7 @@ KeySpec key(Section Config::*section, T Section::*field, std::string path,
       }
     }
     if (!converted) {
-      throw UserError(fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(),
-                                  node.IsScalar() ? "\"" + node.Scalar() + "\"" : "a YAML " +
-                                  std::string(node.IsMap() ? "mapping" : "sequence")));
+      throw UserError(fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(), describe(node)));
     }
     check_limits(value, limits, path, origin);
     config.*section.*field = value;
@@ -119,7 +128,7 @@ const std::vector<KeySpec>& key_specs() {
 
       key(&Config::data, &DataConfig::train, "data.train", "glob of training token shards"),
       key(&Config::data, &DataConfig::val, "data.val", "glob of validation token shards"),
-      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer", "SentencePiece model of the shards"),
+      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer", "SentencePiece model of the shards (empty: none)"),
       key(&Config::data, &DataConfig::seq_len, "data.seq_len", "tokens per training sequence (<= model.max_seq_len)", at_least(1)),
       key(&Config::data, &DataConfig::micro_batch, "data.micro_batch", "sequences per rank per forward pass", at_least(1)),
       key(&Config::data, &DataConfig::grad_accum, "data.grad_accum", "micro-steps accumulated per optimizer step", at_least(1)),
@@ -175,15 +184,87 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+// The names other trainers (nanoGPT, llm.c, Hugging Face, Megatron, DeepSpeed, torchtitan, PyTorch
+// DDP) give to what mltrain calls `path`. Users bring them along, and their spelling is often far
+// from ours (learning_rate is nearer optim.min_lr than optim.lr), so they are known by name.
+struct KeyAliases {
+  std::string_view path;
+  std::vector<std::string_view> names;
+};
+
+const std::vector<KeyAliases>& key_aliases() {
+  static const std::vector<KeyAliases> aliases = {
+      {"model.vocab_size", {"padded_vocab_size", "n_vocab"}},
+      {"model.d_model", {"n_embd", "n_embed", "hidden_size", "dim", "embed_dim"}},
+      {"model.n_layers", {"n_layer", "num_layers", "num_hidden_layers"}},
+      {"model.n_q_heads", {"n_head", "n_heads", "num_heads", "num_attention_heads"}},
+      {"model.n_kv_heads", {"n_kv_head", "num_kv_heads", "num_key_value_heads", "num_query_groups"}},
+      {"model.d_ffn", {"intermediate_size", "ffn_hidden_size", "ffn_dim", "d_ff", "n_inner"}},
+      {"model.max_seq_len", {"max_position_embeddings", "n_positions", "n_ctx"}},
+      {"model.rope_theta", {"rope_base", "rotary_base"}},
+      {"model.norm_eps", {"rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "norm_epsilon"}},
+      {"model.tie_word_embeddings", {"tie_embeddings", "weight_tying"}},
+      {"model.init_std", {"initializer_range"}},
+      {"data.train", {"input_bin", "train_data"}},
+      {"data.val", {"input_val_bin", "val_data"}},
+      {"data.tokenizer", {"tokenizer_path"}},
+      {"data.seq_len", {"block_size", "context_length", "seq_length", "sequence_length", "max_seq_length"}},
+      {"data.micro_batch", {"batch_size", "micro_batch_size", "local_batch_size", "per_device_train_batch_size",
+                            "train_micro_batch_size_per_gpu"}},
+      {"data.grad_accum", {"gradient_accumulation_steps", "grad_accum_steps", "accumulate_grad_batches"}},
+      {"data.seed", {"random_seed"}},
+      {"optim.lr", {"learning_rate", "max_lr", "peak_lr"}},
+      {"optim.min_lr", {"min_learning_rate", "lr_min", "final_lr"}},
+      {"optim.warmup_steps", {"warmup_iters", "num_warmup_steps", "lr_warmup_steps", "warmup"}},
+      {"optim.schedule", {"lr_scheduler_type", "lr_scheduler", "lr_schedule", "scheduler", "decay_lr"}},
+      {"optim.beta1", {"adam_beta1"}},
+      {"optim.beta2", {"adam_beta2"}},
+      {"optim.eps", {"adam_epsilon", "adam_eps"}},
+      {"optim.grad_clip", {"max_grad_norm", "grad_norm_clip", "clip_grad_norm", "gradient_clipping", "clip_grad",
+                           "max_norm"}},
+      // The schedule decays until the last step: nanoGPT's lr_decay_iters is mltrain's run length.
+      {"train.max_steps", {"max_iters", "num_iterations", "train_iters", "num_train_steps", "total_steps",
+                           "num_steps", "steps", "lr_decay_iters"}},
+      {"train.precision", {"dtype", "mixed_precision", "mixed_precision_param", "bf16"}},
+      {"train.run_dir", {"out_dir", "output_dir", "dump_folder", "save_dir"}},
+      {"train.log_every", {"log_interval", "logging_steps", "log_freq"}},
+      {"train.eval_every", {"eval_interval", "eval_steps", "val_loss_every", "eval_freq"}},
+      {"train.eval_batches", {"eval_iters", "val_max_steps"}},
+      {"train.ckpt_every", {"save_steps", "save_interval", "checkpoint_interval", "ckpt_interval"}},
+      {"train.keep_last", {"save_total_limit", "keep_latest_k"}},
+      {"dist.backend", {"ddp_backend"}},
+      {"dist.bucket_mb", {"bucket_cap_mb", "ddp_bucket_cap_mb"}},
+  };
+  return aliases;
+}
+
+// What to tell a user about an unknown `path`: what mltrain calls a name from another trainer,
+// whatever section it was put in; else the key of that name in its right section; else the
+// nearest spelling.
+std::string key_hint(const std::string& path) {
+  const std::string_view name = std::string_view(path).substr(path.find('.') + 1);
+  for (const KeyAliases& aliases : key_aliases()) {
+    if (std::find(aliases.names.begin(), aliases.names.end(), name) != aliases.names.end()) {
+      return fmt::format("mltrain calls it {}", aliases.path);
+    }
+  }
+  const auto& specs = key_specs();
+  const auto same_name = std::find_if(specs.begin(), specs.end(), [&](const KeySpec& spec) {
+    return std::string_view(spec.path).substr(spec.path.find('.') + 1) == name;
+  });
+  if (same_name != specs.end()) return fmt::format("did you mean {}?", same_name->path);
+  const auto nearest = std::min_element(specs.begin(), specs.end(), [&](const KeySpec& a, const KeySpec& b) {
+    return edit_distance(path, a.path) < edit_distance(path, b.path);
+  });
+  return fmt::format("did you mean {}?", nearest->path);
+}
+
 const KeySpec& find_key(const std::string& path, const Origin& origin) {
   const auto& specs = key_specs();
   const auto exact = std::find_if(specs.begin(), specs.end(),
                                   [&](const KeySpec& spec) { return spec.path == path; });
   if (exact != specs.end()) return *exact;
-  const auto nearest = std::min_element(specs.begin(), specs.end(), [&](const KeySpec& a, const KeySpec& b) {
-    return edit_distance(path, a.path) < edit_distance(path, b.path);
-  });
-  throw UserError(fmt::format("{}: unknown key {} (did you mean {}?)", origin, path, nearest->path));
+  throw UserError(fmt::format("{}: unknown key {} ({})", origin, path, key_hint(path)));
 }
 
 Origin file_origin(const std::filesystem::path& file, const YAML::Node& node) {

@@ -24,6 +24,17 @@ c10::Device resolve_device(const std::string& setting) {
   return c10::Device(c10::kCUDA, 0);
 }
 
+c10::Device rank_device(const std::string& setting, const World& world) {
+  const c10::Device device = resolve_device(setting);
+  if (!device.is_cuda()) return device;
+  const auto visible = static_cast<int64_t>(torch::cuda::device_count());
+  if (world.local_rank >= visible) {
+    throw UserError(fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
+                                world.local_size, visible));
+  }
+  return {c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank)};
+}
+
 std::string describe_device(const c10::Device& device) {
   if (device.is_cpu()) return fmt::format("CPU ({} threads)", at::get_num_threads());
   return fmt::format("CUDA {}: {}", device.index(), at::cuda::getDeviceProperties(device.index())->name);

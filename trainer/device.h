@@ -4,11 +4,17 @@
 
 #include <string>
 
+#include "dist/world.h"
+
 namespace mltrain {
 
 // The device for train.device: "auto" is the first CUDA device when one is visible, else the CPU;
 // "cuda" without a visible device is a UserError.
 c10::Device resolve_device(const std::string& setting);
+
+// The device of this rank for train.device: on GPUs, cuda:local_rank, one GPU per rank on a node;
+// more ranks on a node than visible GPUs is a UserError.
+c10::Device rank_device(const std::string& setting, const World& world);
 
 // "CPU (2 threads)" or "CUDA 0: NVIDIA H200", for the run header.
 std::string describe_device(const c10::Device& device);

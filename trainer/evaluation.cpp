@@ -1,11 +1,18 @@
 #include "trainer/evaluation.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 
 #include "data/loader.h"
+#include "model/hf_state_dict.h"
+#include "trainer/checkpoint_store.h"
+#include "trainer/device.h"
+#include "trainer/metrics_log.h"
 #include "trainer/precision.h"
+#include "trainer/run_data.h"
 
 namespace mltrain {
 
@@ -20,20 +27,37 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
     const std::vector<int64_t> indices = validation_windows(windows.num_windows(), layout, batch, communicator.rank());
     if (indices.empty()) continue;
     const at::Tensor window = gather_windows(windows, indices).to(device);
-    const int64_t length = window.size(1) - 1;
-    at::Tensor loss;
-    {
-      AutocastGuard autocast(device, bf16);
-      loss = next_token_loss(model(window.narrow(1, 0, length)), window.narrow(1, 1, length));
-    }
-    const int64_t batch_tokens = window.size(0) * length;
-    loss_sum += loss.item<double>() * static_cast<double>(batch_tokens);
+    const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
+    loss_sum += window_loss(model, window, device, bf16).item<double>() * static_cast<double>(batch_tokens);
     tokens += batch_tokens;
   }
   model->train();
   const double all_tokens = communicator.all_reduce_sum(static_cast<double>(tokens));
   const double loss = communicator.all_reduce_sum(loss_sum) / all_tokens;
   return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
+}
+
+Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
+  const std::filesystem::path file = find_weights(weights);
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  check_tokenizer(config);
+  const c10::Device device = resolve_device(config.train.device);
+  const bool bf16 = use_bf16_autocast(config.train.precision, device);
+  const TokenWindows val_windows = open_windows(config.data.val, config, "val");
+  Llama model(config.model);
+  load_model_weights(model, file);
+  model->to(device);
+  const auto single_rank = make_communicator(World());
+  const Evaluation evaluation = evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
+                                         config.train.eval_batches, device, bf16, *single_rank);
+  spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
+               evaluation.perplexity, evaluation.tokens);
+  if (std::filesystem::is_directory(config.train.run_dir)) {
+    MetricsLog(std::filesystem::path(config.train.run_dir) / "metrics.jsonl")
+        .write({{"event", "eval_only"}, {"weights", file.string()}, {"val_loss", evaluation.loss},
+                {"val_ppl", evaluation.perplexity}});
+  }
+  return evaluation;
 }
 
 }  // namespace mltrain

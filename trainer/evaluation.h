@@ -2,10 +2,13 @@
 
 #include <c10/core/Device.h>
 
+#include <filesystem>
+
 #include "data/sampler.h"
 #include "data/token_windows.h"
 #include "dist/communicator.h"
 #include "model/llama.h"
+#include "trainer/config.h"
 
 namespace mltrain {
 
@@ -20,5 +23,10 @@ struct Evaluation {
 // Gradients are off; bf16 autocast follows `bf16`.
 Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout, int64_t eval_batches,
                     c10::Device device, bool bf16, Communicator& communicator);
+
+// Loads weights (see find_weights), evaluates them on the validation windows, logs the loss and
+// perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory exists); writes
+// nothing else. A single-process operation.
+Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights);
 
 }  // namespace mltrain

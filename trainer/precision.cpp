@@ -1,5 +1,6 @@
 #include "trainer/precision.h"
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <spdlog/spdlog.h>
 
@@ -21,6 +22,12 @@ AutocastGuard::~AutocastGuard() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {
+  const int64_t length = window.size(1) - 1;
+  const AutocastGuard autocast(device, bf16);
+  return next_token_loss(model(window.narrow(1, 0, length)), window.narrow(1, 1, length));
 }
 
 bool use_bf16_autocast(const std::string& precision, c10::Device device) {

@@ -1,9 +1,12 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <string>
+
+#include "model/llama.h"
 
 namespace mltrain {
 
@@ -29,5 +32,10 @@ class AutocastGuard {
 // Whether train.precision asks for bf16 autocast on this device. bf16 on a CPU is slow without
 // native bf16 units; it is allowed, with a warning.
 bool use_bf16_autocast(const std::string& precision, c10::Device device);
+
+// The mean next-token loss of windows [B, seq_len + 1] (on the device): the model reads
+// window[:, :-1], under bf16 autocast when `bf16`, and is scored against window[:, 1:]. Training
+// and evaluation both compute their losses here, so that they agree on the precision policy.
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16);
 
 }  // namespace mltrain

@@ -4,29 +4,26 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <torch/cuda.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
 #include <cstring>
-#include <optional>
-#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "data/loader.h"
-#include "data/tokenizer.h"
 #include "dist/grad_reducer.h"
 #include "model/hf_state_dict.h"
 #include "trainer/adamw.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_store.h"
 #include "trainer/device.h"
-#include "trainer/fault_injection.h"
+#include "trainer/evaluation.h"
 #include "trainer/loss_plot.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/metrics_log.h"
 #include "trainer/precision.h"
+#include "trainer/run_data.h"
+#include "trainer/run_schedule.h"
 #include "trainer/stop_signal.h"
 #include "trainer/train_step.h"
 
@@ -48,87 +45,36 @@ std::string duration_text(double seconds) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
-// The device of this rank: cuda:local_rank when training on GPUs.
-c10::Device rank_device(const Config& config, const World& world) {
-  const c10::Device device = resolve_device(config.train.device);
-  if (!device.is_cuda()) return device;
-  const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
-  if (world.local_rank >= visible) {
-    throw UserError(fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
-                                world.local_size, visible));
-  }
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
-}
-
-// The communicator for dist.backend. A backend that cannot carry this run's tensors is an error,
-// not a silent fallback.
-std::unique_ptr<Communicator> run_communicator(const Config& config, const World& world, const c10::Device& device) {
-  if (world.size > 1 && config.dist.backend == "nccl" && !device.is_cuda()) {
-    throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
-  }
-  if (world.size > 1 && config.dist.backend == "mpi" && device.is_cuda()) {
-    throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");
-  }
-  return make_communicator(world, device.is_cuda(), static_cast<double>(config.dist.timeout_s));
-}
-
-void check_tokenizer(const Config& config) {
-  if (config.data.tokenizer.empty()) return;
-  const Tokenizer tokenizer(config.data.tokenizer);
-  if (tokenizer.vocab_size() > config.model.vocab_size) {
-    throw UserError(fmt::format("{}: the tokenizer has {} tokens, more than model.vocab_size = {}",
-                                config.data.tokenizer, tokenizer.vocab_size(), config.model.vocab_size));
-  }
-}
-
-TokenWindows open_windows(const std::string& pattern, const Config& config, const char* split) {
-  const auto start = Clock::now();
-  TokenWindows windows(pattern, config.data.seq_len, config.model.vocab_size);
-  spdlog::info("{} data: {} shards, {} tokens, {} windows of {} (validated in {:.1f} s)", split,
-               windows.shards().size(), windows.num_tokens(), windows.num_windows(),
-               windows.window_length(), seconds_since(start));
-  return windows;
-}
-
-// The checkpoint `resume` names: "auto" is the newest in the run directory (none: start fresh),
-// anything else a checkpoint directory. A fresh start is refused where checkpoints already are: its own would be pruned against them
-// and could replace them.
-std::optional<std::filesystem::path> checkpoint_to_resume(const std::string& resume, const CheckpointStore& store) {
-  if (resume.empty()) {
-    if (const auto existing = store.latest()) {
-      throw UserError(fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
-                                  "--resume auto, or start a new one in another train.run_dir",
-                                  store.directory().parent_path().string(), existing->filename().string()));
-    }
-    return std::nullopt;
-  }
-  if (resume == "auto") {
-    const auto latest = store.latest();
-    if (!latest) spdlog::info("--resume auto: no checkpoint in the run directory yet; starting fresh");
-    return latest;
-  }
-  if (!std::filesystem::is_directory(resume)) {
-    throw UserError(fmt::format("--resume {}: no such checkpoint directory", resume));
-  }
-  return resume;
-}
+// What one optimizer step saw and did.
+struct StepResult {
+  double loss;       // averaged over the ranks
+  double grad_norm;  // before clipping
+  double lr;
+  double seconds = 0.0;
+  double data_ms = 0.0;  // of `seconds`, spent waiting for the loader
+};
 
 // One training run, from set-up to the last step.
 class TrainingRun {
  public:
-  TrainingRun(const Config& config, const std::string& resume, const World& world);
+  TrainingRun(const Config& config, const std::string& resume, const World& world, const TrainingHooks& hooks);
   void run();
 
  private:
   void agree_across_ranks();
-  double accumulate_step_gradients();
-  void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds, double data_ms);
+  void announce();
+  StepResult train_step(int64_t step);
+  double accumulate_gradients();
+  void skip_nonfinite_step(int64_t step, const StepResult& result);
+  void record_step(int64_t step, const StepResult& result);
+  void log_step(int64_t step, const StepResult& result);
   void evaluate_now(int64_t step);
   std::filesystem::path save_checkpoint();
   bool any_rank_asked_to_stop();
 
   const Config& config_;
   const World& world_;
+  const TrainingHooks& hooks_;
   const bool leader_;  // rank 0 writes the run directory
   const c10::Device device_;
   const bool bf16_;
@@ -145,27 +91,30 @@ class TrainingRun {
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainingProgress progress_;
+  std::optional<RunSchedule> schedule_;  // known once the resumed step is
   int64_t tokens_per_step_;
-  double flops_per_token_;
+  double flops_per_token_ = 0.0;
   Clock::time_point start_;
-  int64_t first_step_ = 0;
-  int64_t last_step_ = 0;       // train.stop_at or train.max_steps
-  double timed_seconds_ = 0.0;  // step time after the first step, which includes warm-up
+  double timed_seconds_ = 0.0;  // step time after the run's first step, which includes warm-up
+  int64_t bad_steps_in_a_row_ = 0;
 };
 
-TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world)
+TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
+                         const TrainingHooks& hooks)
     : config_(config),
       world_(world),
+      hooks_(hooks),
       leader_(world.rank == 0),
-      device_(rank_device(config, world)),
+      device_(rank_device(config.train.device, world)),
       bf16_(use_bf16_autocast(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
-      communicator_(run_communicator(config, world, device_)),
+      communicator_(make_communicator(world, device_, config.dist.backend, static_cast<double>(config.dist.timeout_s))),
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
       checkpoints_(run_dir_),
       tokens_per_step_(layout_.global_batch() * config.data.seq_len) {
+  check_batch_fits(layout_, train_windows_);
   check_tokenizer(config);
   if (leader_) {
     std::filesystem::create_directories(run_dir_);
@@ -178,11 +127,9 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   flops_per_token_ = training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
   optimizer_ = std::make_unique<AdamW>(
       hf_named_parameters(model_),
-      AdamWOptions{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay},
-      AdamWKernel::kFused);
-  if (const auto checkpoint = checkpoint_to_resume(resume, checkpoints_)) {
-    progress_ = load_checkpoint(*checkpoint, model_, *optimizer_, config);
-  }
+      AdamWOptions{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay});
+  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) progress_ = *resumed;
+  schedule_.emplace(config.train, progress_.step);
   agree_across_ranks();
   reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb, kFirstBucketMb,
                                            config.dist.overlap, config.dist.grad_dtype == "bf16" && world.size > 1);
@@ -212,11 +159,8 @@ void TrainingRun::agree_across_ranks() {
   spdlog::info("{} ranks agree on the config; rank 0's {} weights broadcast", world_.size, model_->num_parameters());
 }
 
-void TrainingRun::run() {
-  const int64_t max_steps = config_.train.max_steps;
-  const int64_t last_step = config_.train.stop_at > 0 ? std::min(config_.train.stop_at, max_steps) : max_steps;
-  first_step_ = progress_.step;
-  last_step_ = last_step;
+void TrainingRun::announce() {
+  const int64_t max_steps = schedule_->max_steps();
   spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
                model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
                bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
@@ -228,69 +172,63 @@ void TrainingRun::run() {
                      {"parameters", model_->num_parameters()}, {"tokens_per_step", tokens_per_step_},
                      {"world_size", world_.size}, {"device", describe_device(device_)}});
   }
+}
+
+void TrainingRun::run() {
+  announce();
   install_stop_handlers();
   start_ = Clock::now();
-  int64_t bad_steps_in_a_row = 0;
-  for (int64_t step = first_step_; step < last_step; ++step) {
-    const auto step_start = Clock::now();
-    const double waited_before = loader_->waited_seconds();
-    const double loss = accumulate_step_gradients();
-    if (nonfinite_gradients_injected(step)) parameters_.front().grad().fill_(NAN);
-    if (world_.rank == 1 && step == 2 && fault_injected("kill-rank-1")) std::raise(SIGKILL);
-    if (world_.rank == 1 && step == 2 && fault_injected("hang-rank-1")) std::this_thread::sleep_for(std::chrono::hours(1));
-    const double grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
-    const double lr = learning_rate(config_.optim, max_steps, step);
-    // A non-finite loss or gradient would poison the weights and the moments for good: skip it.
-    // Every rank sees the same averaged loss and gradients, so all skip together.
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      ++bad_steps_in_a_row;
-      spdlog::warn("step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
-                   "train.max_bad_steps = {})",
-                   step + 1, loss, grad_norm, bad_steps_in_a_row, config_.train.max_bad_steps);
-      if (leader_) metrics_->write({{"step", step + 1}, {"skipped", true}, {"loss", loss}, {"grad_norm", grad_norm}});
-      if (bad_steps_in_a_row >= config_.train.max_bad_steps) {
-        const auto latest = checkpoints_.latest();
-        throw std::runtime_error(fmt::format("{} non-finite steps in a row: stopping; the last good checkpoint is {}",
-                                             bad_steps_in_a_row,
-                                             latest ? latest->string() : "none (no checkpoint was saved yet)"));
-      }
-    } else {
-      bad_steps_in_a_row = 0;
-      optimizer_->step(lr);
-    }
-    reducer_->zero_grad();
-    progress_.step = step + 1;
-    progress_.samples_consumed += layout_.global_batch();
-    progress_.tokens_seen += tokens_per_step_;
-    progress_.learning_rate = lr;
-    const double step_seconds = seconds_since(step_start);
-    if (step > first_step_) timed_seconds_ += step_seconds;
-
-    const bool last = step + 1 == max_steps;
-    if (step == first_step_ || (step + 1) % config_.train.log_every == 0 || last) {
-      log_step(step, loss, lr, grad_norm, step_seconds, (loader_->waited_seconds() - waited_before) * 1e3);
-    }
-    if ((step + 1) % config_.train.eval_every == 0 || last) evaluate_now(step + 1);
+  while (schedule_->keep_going(progress_.step)) {
+    const int64_t step = progress_.step + 1;
+    const StepResult result = train_step(step);
+    record_step(step, result);
+    if (schedule_->log_now(step)) log_step(step, result);
+    if (schedule_->evaluate_now(step)) evaluate_now(step);
     if (any_rank_asked_to_stop()) {
       const auto path = save_checkpoint();
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
-                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank", step + 1,
+                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank", step,
                    path.string());
       return;
     }
-    if ((step + 1) % config_.train.ckpt_every == 0 || step + 1 == last_step) save_checkpoint();
+    if (schedule_->checkpoint_now(step)) save_checkpoint();
   }
-  if (last_step < max_steps) {
-    spdlog::info("stopped at train.stop_at = {}; continue with --resume auto", last_step);
+  if (schedule_->stops_early()) {
+    spdlog::info("stopped at train.stop_at = {}; continue with --resume auto", schedule_->last_step());
     return;
   }
-  spdlog::info("trained {} steps in {}", max_steps - first_step_, duration_text(seconds_since(start_)));
+  spdlog::info("trained {} steps in {}", schedule_->max_steps() - schedule_->first_step() + 1,
+               duration_text(seconds_since(start_)));
   if (leader_) draw_loss_curve(run_dir_);
+}
+
+// Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
+// rate, unless the step went non-finite.
+StepResult TrainingRun::train_step(int64_t step) {
+  const auto start = Clock::now();
+  const double waited_before = loader_->waited_seconds();
+  StepResult result{};
+  result.loss = accumulate_gradients();
+  if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
+  result.grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
+  result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
+  // A non-finite loss or gradient would poison the weights and the moments for good: skip it.
+  // Every rank sees the same averaged loss and gradients, so all skip together.
+  if (std::isfinite(result.loss) && std::isfinite(result.grad_norm)) {
+    bad_steps_in_a_row_ = 0;
+    optimizer_->step(result.lr);
+  } else {
+    skip_nonfinite_step(step, result);
+  }
+  reducer_->zero_grad();
+  result.seconds = seconds_since(start);
+  result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
+  return result;
 }
 
 // Forward and backward over the step's micro-batches; only the last one's backward communicates.
 // Returns the step's loss averaged over the ranks.
-double TrainingRun::accumulate_step_gradients() {
+double TrainingRun::accumulate_gradients() {
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
   for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
     reducer_->set_sync(micro + 1 == layout_.grad_accum);
@@ -301,22 +239,45 @@ double TrainingRun::accumulate_step_gradients() {
   return communicator_->all_reduce_sum(loss_sum.item<double>()) / world_.size;
 }
 
-void TrainingRun::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds,
-                           double data_ms) {
-  const double tokens_per_s = tokens_per_step_ / step_seconds;
+// train.max_bad_steps non-finite steps in a row stop the run: the data or the settings are bad.
+void TrainingRun::skip_nonfinite_step(int64_t step, const StepResult& result) {
+  ++bad_steps_in_a_row_;
+  spdlog::warn("step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
+               "train.max_bad_steps = {})",
+               step, result.loss, result.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
+  if (leader_) metrics_->write({{"step", step}, {"skipped", true}, {"loss", result.loss}, {"grad_norm", result.grad_norm}});
+  if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
+  const auto latest = checkpoints_.latest();
+  throw std::runtime_error(fmt::format("{} non-finite steps in a row: stopping; the last good checkpoint is {}",
+                                       bad_steps_in_a_row_,
+                                       latest ? latest->string() : "none (no checkpoint was saved yet)"));
+}
+
+void TrainingRun::record_step(int64_t step, const StepResult& result) {
+  progress_.step = step;
+  progress_.samples_consumed += layout_.global_batch();
+  progress_.tokens_seen += tokens_per_step_;
+  progress_.learning_rate = result.lr;
+  if (step > schedule_->first_step()) timed_seconds_ += result.seconds;
+}
+
+void TrainingRun::log_step(int64_t step, const StepResult& result) {
+  const double tokens_per_s = tokens_per_step_ / result.seconds;
   const double flops = flops_per_token_ * tokens_per_s;
   const double peak_flops = peak_bf16_flops(device_) * world_.size;
-  const double mean_step = step > first_step_ ? timed_seconds_ / static_cast<double>(step - first_step_) : step_seconds;
-  const double steps_left = static_cast<double>(last_step_ - step - 1);
+  const int64_t timed_steps = step - schedule_->first_step();
+  const double mean_step = timed_steps > 0 ? timed_seconds_ / static_cast<double>(timed_steps) : result.seconds;
+  const auto steps_left = static_cast<double>(schedule_->last_step() - step);
   const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
                                            : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
   spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
                "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-               step + 1, config_.train.max_steps, loss, lr, grad_norm, step_seconds * 1e3, data_ms, tokens_per_s,
-               speed, peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
+               step, schedule_->max_steps(), result.loss, result.lr, result.grad_norm, result.seconds * 1e3,
+               result.data_ms, tokens_per_s, speed, peak_memory_bytes(device_) / 1e9,
+               duration_text(mean_step * steps_left));
   if (leader_) {
-    metrics_->write({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                     {"step_ms", step_seconds * 1e3}, {"data_ms", data_ms}, {"tokens_per_s", tokens_per_s},
+    metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
+                     {"step_ms", result.seconds * 1e3}, {"data_ms", result.data_ms}, {"tokens_per_s", tokens_per_s},
                      {"flops_per_s", flops}, {"elapsed_s", seconds_since(start_)}});
   }
 }
@@ -341,7 +302,7 @@ std::filesystem::path TrainingRun::save_checkpoint() {
   }
   std::filesystem::path path;  // known to rank 0, the one that reports it
   if (leader_) {
-    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size);
+    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size, hooks_.during_checkpoint_write);
     spdlog::info("checkpoint: {}", path.string());
   }
   communicator_->all_reduce_sum(0.0);
@@ -356,32 +317,9 @@ bool TrainingRun::any_rank_asked_to_stop() {
 
 }  // namespace
 
-void train(const Config& config, const std::string& resume, const World& world) {
+void train(const Config& config, const std::string& resume, const World& world, const TrainingHooks& hooks) {
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-  TrainingRun(config, resume, world).run();
-}
-
-Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
-  const std::filesystem::path file = find_weights(weights);
-  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-  check_tokenizer(config);
-  const c10::Device device = resolve_device(config.train.device);
-  const bool bf16 = use_bf16_autocast(config.train.precision, device);
-  const TokenWindows val_windows = open_windows(config.data.val, config, "val");
-  Llama model(config.model);
-  load_model_weights(model, file);
-  model->to(device);
-  const auto single_rank = make_communicator(World(), false);
-  const Evaluation evaluation = evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
-                                         config.train.eval_batches, device, bf16, *single_rank);
-  spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
-               evaluation.perplexity, evaluation.tokens);
-  if (std::filesystem::is_directory(config.train.run_dir)) {
-    MetricsLog(std::filesystem::path(config.train.run_dir) / "metrics.jsonl")
-        .write({{"event", "eval_only"}, {"weights", file.string()}, {"val_loss", evaluation.loss},
-                {"val_ppl", evaluation.perplexity}});
-  }
-  return evaluation;
+  TrainingRun(config, resume, world, hooks).run();
 }
 
 }  // namespace mltrain

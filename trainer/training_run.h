@@ -5,7 +5,7 @@
 
 #include "dist/world.h"
 #include "trainer/config.h"
-#include "trainer/evaluation.h"
+#include "trainer/training_hooks.h"
 
 namespace mltrain {
 
@@ -18,11 +18,7 @@ namespace mltrain {
 // checkpoints every train.ckpt_every steps, at the end, at train.stop_at and when SIGTERM, SIGINT or
 // SIGUSR1 asks any rank to stop, and draws RUN_DIR/loss.png. A non-finite step is skipped; after
 // train.max_bad_steps in a row the run stops with a runtime error.
-void train(const Config& config, const std::string& resume = "", const World& world = World());
-
-// Loads weights (see find_weights), evaluates them on the validation windows, logs the loss and
-// perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory exists); writes
-// nothing else. A single-process operation.
-Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights);
+void train(const Config& config, const std::string& resume = "", const World& world = World(),
+           const TrainingHooks& hooks = {});
 
 }  // namespace mltrain

@@ -43,14 +43,14 @@ NamedTensors final_weights(const std::filesystem::path& directory, const std::st
 
 TEST(SameOnAllRanks, TellsEqualFromDifferentTensors) {
   ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
-  const auto communicator = make_communicator(world, false);
+  const auto communicator = make_communicator(world);
   EXPECT_TRUE(same_on_all_ranks({at::arange(10.0)}, *communicator));
   EXPECT_FALSE(same_on_all_ranks({at::arange(10.0) + world.rank}, *communicator));
 }
 
 TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
-  const auto communicator = make_communicator(world, false);
+  const auto communicator = make_communicator(world);
   const std::filesystem::path directory = shared_directory(*communicator);
 
   // Two ranks of 4 windows per micro-step, with and without overlapping the all-reduce. Every
@@ -76,7 +76,7 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
 
 TEST(MpiTraining, ACheckpointOfTwoRanksResumesOnOne) {
   ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
-  const auto communicator = make_communicator(world, false);
+  const auto communicator = make_communicator(world);
   const std::filesystem::path directory = shared_directory(*communicator);
   train(run_in(directory, "unbroken", 4), "", world);
   Config first_half = run_in(directory, "moved", 4);

@@ -1,5 +1,6 @@
 // What signals, crashes, full disks and diverging runs leave behind, with mltrain run as a user
-// runs it. Failures are made on purpose through MLTRAIN_FAULT (trainer/fault_injection.h).
+// runs it. Failures are made on purpose by mltrain_faults, a test-only build of mltrain that reads
+// MLTRAIN_FAULT (tests/launch/mltrain_with_faults.cpp).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -34,6 +35,11 @@ std::string write_config(const TemporaryDirectory& dir, int64_t max_steps) {
 }
 
 std::string mltrain(const std::string& arguments) { return std::string(MLTRAIN_BIN_DIR) + "/mltrain " + arguments; }
+
+// mltrain_faults with MLTRAIN_FAULT=fault.
+std::string mltrain_with_fault(const std::string& fault, const std::string& arguments) {
+  return "MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " + arguments;
+}
 
 int64_t last_logged_step(const std::filesystem::path& metrics) {
   int64_t step = 0;
@@ -105,7 +111,7 @@ TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {
   const auto checkpoints = dir / "run" / "checkpoints";
   const std::string saved = testing::read_text(checkpoints / "step_00000003" / "model.safetensors");
 
-  const auto killed = run_command("MLTRAIN_FAULT=kill-during-checkpoint " + mltrain(config + " --resume auto"));
+  const auto killed = run_command(mltrain_with_fault("kill-during-checkpoint", config + " --resume auto"));
   EXPECT_EQ(killed.exit_code, 128 + SIGKILL) << killed.output;
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006.tmp"));
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006"));
@@ -122,7 +128,7 @@ TEST(Faults, FailingCheckpointWriteExitsOneAndKeepsThePreviousOne) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 6) + " --set train.ckpt_every=3";
   ASSERT_EQ(run_command(mltrain(config + " --set train.stop_at=3")).exit_code, 0);
-  const auto failed = run_command("MLTRAIN_FAULT=fail-checkpoint-write " + mltrain(config + " --resume auto"));
+  const auto failed = run_command(mltrain_with_fault("fail-checkpoint-write", config + " --resume auto"));
   EXPECT_EQ(failed.exit_code, kExitRuntimeFailure);
   EXPECT_CONTAINS(failed.output, "saving the checkpoint of step 6 failed");
   EXPECT_CONTAINS(failed.output, "No space left on device");
@@ -131,18 +137,27 @@ TEST(Faults, FailingCheckpointWriteExitsOneAndKeepsThePreviousOne) {
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006.tmp"));
 }
 
+TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
+  TemporaryDirectory dir;
+  const auto run = run_command("MLTRAIN_FAULT=fail-checkpoint-write,nonfinite-gradients:1-100 " +
+                               mltrain(write_config(dir, 6)));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("skipped"), std::string::npos) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006" / "state.json"));
+}
+
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 8) + " --set train.ckpt_every=2 --set train.max_bad_steps=3";
-  const auto one_bad = run_command("MLTRAIN_FAULT=nonfinite-gradients:4-4 " + mltrain(config));
+  const auto one_bad = run_command(mltrain_with_fault("nonfinite-gradients:5-5", config));
   EXPECT_EQ(one_bad.exit_code, 0) << one_bad.output;
   EXPECT_CONTAINS(one_bad.output, "step 5: non-finite loss");
   EXPECT_CONTAINS(one_bad.output, "update skipped");
   const NamedTensors weights = load_safetensors(dir / "run" / "checkpoints" / "step_00000008" / "model.safetensors");
   for (const auto& [name, tensor] : weights) EXPECT_TRUE(at::isfinite(tensor).all().item<bool>()) << name;
 
-  const auto diverging = run_command("MLTRAIN_FAULT=nonfinite-gradients:3-100 " +
-                                     mltrain(config + " --set train.run_dir=" + (dir / "diverging").string()));
+  const auto diverging = run_command(mltrain_with_fault("nonfinite-gradients:4-101",
+                                                        config + " --set train.run_dir=" + (dir / "diverging").string()));
   EXPECT_EQ(diverging.exit_code, kExitRuntimeFailure);
   EXPECT_CONTAINS(diverging.output, "3 non-finite steps in a row: stopping; the last good checkpoint is");
   EXPECT_CONTAINS(diverging.output, "step_00000004");  // skipped steps leave the weights as they were
@@ -151,8 +166,9 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
 TEST(Faults, ARankThatDiesStopsTheOthers) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
-  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MLTRAIN_FAULT=kill-rank-1 " +
-                               std::string(MLTRAIN_MPIEXEC) + " 2 " + mltrain(write_config(dir, 1000000)));
+  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC) +
+                               " 2 -x MLTRAIN_FAULT=kill-rank-1 " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
+                               write_config(dir, 1000000));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
@@ -176,9 +192,9 @@ TEST(Faults, RanksThatDisagreeStopBeforeTraining) {
 TEST(Faults, ARankThatHangsEndsTheRunAfterTheTimeout) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
-  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MLTRAIN_FAULT=hang-rank-1 " +
-                               std::string(MLTRAIN_MPIEXEC) + " 2 " +
-                               mltrain(write_config(dir, 1000000) + " --set dist.timeout_s=5"));
+  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC) +
+                               " 2 -x MLTRAIN_FAULT=hang-rank-1 " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
+                               write_config(dir, 1000000) + " --set dist.timeout_s=5");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output, "did not finish within dist.timeout_s = 5 s");

@@ -61,13 +61,43 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   EXPECT_CONTAINS(missing.output, "/nonexistent.yaml: cannot read the config file");
   const CommandResult dangling = mltrain(kBase + " --set");
   EXPECT_EQ(dangling.exit_code, kExitUserError);
-  EXPECT_CONTAINS(dangling.output, "--set needs section.key=value");
+  EXPECT_CONTAINS(dangling.output, "--set: 1 required section.key=value missing (see mltrain --help)");
+  const CommandResult second = mltrain(kBase + " other.yaml --dry-run");
+  EXPECT_EQ(second.exit_code, kExitUserError);
+  EXPECT_CONTAINS(second.output, "unexpected argument other.yaml: give one config file");
+  const CommandResult eval_only = mltrain(kBase + " --eval-only");
+  EXPECT_EQ(eval_only.exit_code, kExitUserError);
+  EXPECT_CONTAINS(eval_only.output, "--eval-only needs trained weights: add --resume auto");
 }
 
-TEST(MltrainCli, HelpExitsZero) {
+TEST(MltrainCli, UnknownFlagIsOneLineAndExitTwo) {
+  const CommandResult run = mltrain(kBase + " --dry-run --lr 3");
+  EXPECT_EQ(run.exit_code, kExitUserError);
+  EXPECT_CONTAINS(run.output, "unknown option --lr (see mltrain --help)");
+  EXPECT_EQ(lines(run.output), 1u) << run.output;
+  // Without a config too, the unknown flag is what is reported: it is the likelier mistake.
+  EXPECT_CONTAINS(mltrain("--dryrun").output, "unknown option --dryrun (see mltrain --help)");
+}
+
+// --set takes one value, so a config path after it is the config; --set=... is the same flag.
+TEST(MltrainCli, SetOverridesInBothSpellings) {
+  const CommandResult run = mltrain("--set model.n_layers=3 " + kBase + " --set=model.d_model=256 --dump-config");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "n_layers: 3\n");
+  EXPECT_CONTAINS(run.output, "d_model: 256\n");
+}
+
+TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mltrain("--help");
   EXPECT_EQ(run.exit_code, 0);
-  EXPECT_CONTAINS(run.output, "usage: mltrain CONFIG.yaml");
+  EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
+  for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH", "--eval-only", "--plot",
+                           "--dry-run", "--dump-config"}) {
+    EXPECT_CONTAINS(run.output, flag);
+  }
+  EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");
+  EXPECT_CONTAINS(run.output, "exit codes: 0 success, 1 runtime failure, 2 bad input");
+  EXPECT_EQ(mltrain("-h").output, run.output);
 }
 
 }  // namespace

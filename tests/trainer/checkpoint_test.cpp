@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_store.h"
 
 #include <gtest/gtest.h>
 
@@ -187,6 +187,30 @@ TEST(Resume, AFreshStartDoesNotTouchAnotherRunsCheckpoints) {
   }
   EXPECT_EQ(testing::read_text(checkpoints / "step_00000004" / "model.safetensors"), saved);
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
+}
+
+// `latest` is the one source of truth for the newest checkpoint: a complete checkpoint it does not
+// name (a save that crashed between the rename and the marker, or a run resumed from an earlier
+// step) is neither resumed from nor pruned.
+TEST(Resume, AutoResumesTheCheckpointThatLatestNames) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  std::filesystem::copy(checkpoints / "step_00000004", checkpoints / "step_00000009");
+  auto orphan = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000009" / "state.json"));
+  orphan["step"] = 9;
+  orphan["samples_consumed"] = 9 * 16;
+  testing::write_text(checkpoints / "step_00000009" / "state.json", orphan.dump());
+  config.train.max_steps = 6;
+  config.train.ckpt_every = 1;
+  config.train.keep_last = 1;
+  train(config, "auto");
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000006\n");
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000005")) << "pruned: keep_last 1";
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000009")) << "a later step's checkpoint was pruned";
+  const auto state = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000006" / "state.json"));
+  EXPECT_EQ(state["samples_consumed"], 6 * 16) << "resumed from step 4, not from step 9";
 }
 
 TEST(Resume, AutoWithoutACheckpointStartsFresh) {

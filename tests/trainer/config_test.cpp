@@ -54,12 +54,33 @@ TEST(Config, FileValuesAndOverridesApplyInOrder) {
 }
 
 TEST(Config, UnknownKeyNamesFileLineAndNearestKey) {
-  const std::string message = config_error("model:\n  d_model: 256\n  n_kv_head: 2\n");
+  const std::string message = config_error("model:\n  d_model: 256\n  n_kv_haeds: 2\n");
   EXPECT_CONTAINS(message, "run.yaml:3");
-  EXPECT_CONTAINS(message, "unknown key model.n_kv_head");
+  EXPECT_CONTAINS(message, "unknown key model.n_kv_haeds");
   EXPECT_CONTAINS(message, "did you mean model.n_kv_heads?");
   EXPECT_CONTAINS(config_error("optimizer:\n  lr: 0.1\n"), "did you mean optim.lr?");
   EXPECT_CONTAINS(config_error("", {"train.max_step=5"}), "--set train.max_step=5: unknown key train.max_step (did you mean train.max_steps?)");
+}
+
+// Names from nanoGPT, llm.c, Hugging Face and torchtitan are known, and win over the nearest
+// spelling: learning_rate is nearer optim.min_lr than optim.lr.
+TEST(Config, KeyNamesFromOtherTrainersPointAtMltrainsKey) {
+  EXPECT_CONTAINS(config_error("", {"optim.learning_rate=1"}),
+                  "--set optim.learning_rate=1: unknown key optim.learning_rate (mltrain calls it optim.lr)");
+  EXPECT_CONTAINS(config_error("", {"data.batch_size=8"}), "unknown key data.batch_size (mltrain calls it data.micro_batch)");
+  EXPECT_CONTAINS(config_error("", {"train.max_iters=100"}), "(mltrain calls it train.max_steps)");
+  EXPECT_CONTAINS(config_error("model:\n  n_embd: 768\n"), "run.yaml:2: unknown key model.n_embd (mltrain calls it model.d_model)");
+  EXPECT_CONTAINS(config_error("", {"model.n_kv_head=2"}), "(mltrain calls it model.n_kv_heads)");
+  EXPECT_CONTAINS(config_error("", {"optim.max_grad_norm=1"}), "(mltrain calls it optim.grad_clip)");
+  EXPECT_CONTAINS(config_error("", {"train.gradient_accumulation_steps=4"}), "(mltrain calls it data.grad_accum)");
+}
+
+TEST(Config, KeyHintsIgnoreTheSectionAKnownNameWasPutIn) {
+  EXPECT_CONTAINS(config_error("", {"model.block_size=256"}), "(mltrain calls it data.seq_len)");
+  EXPECT_CONTAINS(config_error("", {"data.block_size=256"}), "(mltrain calls it data.seq_len)");
+  EXPECT_CONTAINS(config_error("train:\n  learning_rate: 0.1\n"), "(mltrain calls it optim.lr)");
+  EXPECT_CONTAINS(config_error("", {"data.vocab_size=256"}), "unknown key data.vocab_size (did you mean model.vocab_size?)");
+  EXPECT_CONTAINS(config_error("", {"model.beta2=0.99"}), "(did you mean optim.beta2?)");
 }
 
 TEST(Config, WrongTypesAreNamed) {
@@ -70,6 +91,20 @@ TEST(Config, WrongTypesAreNamed) {
   EXPECT_CONTAINS(config_error("model: 3\n"), "section model must be a mapping");
   EXPECT_CONTAINS(config_error("", {"data.seed=x"}), "--set data.seed=x: data.seed expects an integer");
   EXPECT_CONTAINS(config_error("", {"data.seed"}), "expected section.key=value");
+  EXPECT_CONTAINS(config_error("", {"model.d_model="}), "--set model.d_model=: model.d_model expects an integer, got an empty value");
+  EXPECT_CONTAINS(config_error("train:\n  max_steps:\n"), "run.yaml:2: train.max_steps expects an integer, got an empty value");
+}
+
+// YAML reads an empty value as null; for a string key that is the empty string, which
+// data.tokenizer takes to mean "no tokenizer".
+TEST(Config, AnEmptyValueOfAStringKeyIsTheEmptyString) {
+  TemporaryDirectory dir;
+  write_text(dir / "quoted.yaml", "data:\n  tokenizer: \"\"\n");
+  EXPECT_EQ(load_config(dir / "quoted.yaml").data.tokenizer, "");
+  write_text(dir / "bare.yaml", "data:\n  tokenizer:\n");
+  EXPECT_EQ(load_config(dir / "bare.yaml").data.tokenizer, "");
+  EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=x.model", "data.tokenizer="}).data.tokenizer, "");
+  EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=\"\""}).data.tokenizer, "");
 }
 
 TEST(Config, OutOfRangeValuesAreNamed) {

@@ -5,8 +5,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
+#include "trainer/evaluation.h"
 
 namespace mltrain {
 namespace {
@@ -40,6 +42,30 @@ TEST(TrainingRun, LearnsALearnableStream) {
   const Evaluation evaluation = evaluate_weights(config, dir / "run");
   EXPECT_NEAR(evaluation.loss, val_losses.back(), 1e-6);
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "config.yaml"));
+}
+
+// llm.c-style shards come without a tokenizer.model: training reads tokens and needs none.
+TEST(TrainingRun, TrainsWithoutATokenizerAtTheDefaultPath) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 2;
+  config.data.tokenizer = DataConfig{}.tokenizer;
+  ASSERT_FALSE(std::filesystem::exists(config.data.tokenizer));
+  train(config);
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000002" / "state.json"));
+}
+
+TEST(TrainingRun, AMissingTokenizerThatWasAskedForIsAnError) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.data.tokenizer = (dir / "tokenizer.model").string();
+  try {
+    train(config);
+    FAIL() << "trained without the tokenizer it was given";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "tokenizer.model: tokenizer model not found");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
 }
 
 }  // namespace

@@ -1,21 +1,8 @@
-// The small building blocks of the decoder: RMSNorm, the rotary embedding and the SwiGLU
-// feed-forward. One translation unit: each is a few lines, and LibTorch headers are costly.
-#include <ATen/ATen.h>
-
-#include "model/feed_forward.h"
-#include "model/rms_norm.h"
 #include "model/rotary.h"
 
+#include <ATen/ATen.h>
+
 namespace mltrain {
-
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps)
-    : weight(register_parameter("weight", at::ones({dim}))), eps_(eps) {}
-
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return normed.to(x.scalar_type()) * weight;
-}
 
 RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
   // Angles in float64 so that rows at large positions are as exact as rows near zero.
@@ -35,15 +22,6 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(1);
   const at::Tensor s = sin.to(x.scalar_type()).unsqueeze(1);
   return x * c + rotated_half * s;
-}
-
-FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn)
-    : w_gate(register_module("w_gate", torch::nn::Linear(linear_options(d_model, d_ffn)))),
-      w_up(register_module("w_up", torch::nn::Linear(linear_options(d_model, d_ffn)))),
-      w_down(register_module("w_down", torch::nn::Linear(linear_options(d_ffn, d_model)))) {}
-
-at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return w_down(at::silu(w_gate(x)) * w_up(x));
 }
 
 }  // namespace mltrain

@@ -1,0 +1,78 @@
+// mltrain_faults: the mltrain executable with failures made on purpose, for the tests that show
+// what a crash, a full disk, a diverging run or a dead rank leave behind. Built from tests/ only:
+// the shipped mltrain has no fault switch. The environment variable MLTRAIN_FAULT holds a
+// comma-separated list of:
+//   kill-during-checkpoint   SIGKILL once a checkpoint's weights are written, before the rename
+//   fail-checkpoint-write    a checkpoint write fails as on a full disk
+//   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
+//   kill-rank-1              rank 1 of a multi-rank run SIGKILLs itself in step 3
+//   hang-rank-1              rank 1 of a multi-rank run sleeps for an hour in step 3
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainer/mltrain_command.h"
+
+namespace {
+
+std::vector<std::string> faults() {
+  const char* value = std::getenv("MLTRAIN_FAULT");
+  std::vector<std::string> list;
+  std::istringstream in(value == nullptr ? "" : value);
+  for (std::string fault; std::getline(in, fault, ',');) list.push_back(fault);
+  return list;
+}
+
+// The steps A..B of "nonfinite-gradients:A-B" (or :A alone).
+std::pair<int64_t, int64_t> step_range(const std::string& range) {
+  const size_t dash = range.find('-');
+  const int64_t first = std::stoll(range.substr(0, dash));
+  return {first, dash == std::string::npos ? first : std::stoll(range.substr(dash + 1))};
+}
+
+mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
+  mltrain::TrainingHooks hooks;
+  std::vector<std::function<void(int64_t, int, const std::vector<at::Tensor>&)>> after_gradients;
+  const std::string nonfinite = "nonfinite-gradients:";
+  for (const std::string& fault : faults) {
+    if (fault == "kill-during-checkpoint") {
+      hooks.during_checkpoint_write = [](const std::filesystem::path&) { std::raise(SIGKILL); };
+    } else if (fault == "fail-checkpoint-write") {
+      hooks.during_checkpoint_write = [](const std::filesystem::path& directory) {
+        throw std::runtime_error(fmt::format("cannot write {}: No space left on device (injected)",
+                                             (directory / "optimizer.safetensors").string()));
+      };
+    } else if (fault.starts_with(nonfinite)) {
+      const auto [first, last] = step_range(fault.substr(nonfinite.size()));
+      after_gradients.emplace_back([first, last](int64_t step, int, const std::vector<at::Tensor>& parameters) {
+        if (step >= first && step <= last) parameters.front().grad().fill_(NAN);
+      });
+    } else if (fault == "kill-rank-1" || fault == "hang-rank-1") {
+      const bool kill = fault == "kill-rank-1";
+      after_gradients.emplace_back([kill](int64_t step, int rank, const std::vector<at::Tensor>&) {
+        if (rank != 1 || step != 3) return;
+        if (kill) std::raise(SIGKILL);
+        std::this_thread::sleep_for(std::chrono::hours(1));
+      });
+    } else {
+      throw std::invalid_argument("unknown MLTRAIN_FAULT " + fault);
+    }
+  }
+  if (!after_gradients.empty()) {
+    hooks.after_gradients = [after_gradients](int64_t step, int rank, const std::vector<at::Tensor>& parameters) {
+      for (const auto& hook : after_gradients) hook(step, rank, parameters);
+    };
+  }
+  return hooks;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return mltrain::run_mltrain(argc, argv, hooks_for(faults())); }

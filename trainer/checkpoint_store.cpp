@@ -1,0 +1,160 @@
+#include "trainer/checkpoint_store.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+const std::regex kCheckpointName(R"(step_(\d{8}))");
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(const std::filesystem::path& run_dir) : directory_(run_dir / "checkpoints") {}
+
+std::filesystem::path CheckpointStore::path_of(int64_t step) const { return directory_ / checkpoint_name(step); }
+
+void CheckpointStore::remove_stale_temporaries() const {
+  if (!std::filesystem::exists(directory_)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
+    if (entry.path().extension() == ".tmp") {
+      spdlog::warn("removing {}, left by an interrupted checkpoint save", entry.path().string());
+      std::filesystem::remove_all(entry.path());
+    }
+  }
+}
+
+std::filesystem::path CheckpointStore::save(const Llama& model, const AdamW& optimizer,
+                                            const TrainingProgress& progress, const Config& config,
+                                            int64_t world_size,
+                                            const std::function<void(const std::filesystem::path&)>& after_weights) const {
+  std::filesystem::path final_path = path_of(progress.step);
+  const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
+  try {
+    std::filesystem::create_directories(directory_);
+    std::filesystem::remove_all(temporary);
+    std::filesystem::create_directory(temporary);
+    write_checkpoint(temporary, model, optimizer, progress, config, world_size, after_weights);
+    fsync_directory(temporary);
+    std::filesystem::remove_all(final_path);  // a checkpoint of this step from an earlier attempt
+    std::filesystem::rename(temporary, final_path);
+    fsync_directory(directory_);
+    write_file_atomically(directory_ / "latest", checkpoint_name(progress.step) + "\n");
+  } catch (const std::exception& error) {
+    std::error_code ignored;
+    std::filesystem::remove_all(temporary, ignored);
+    throw std::runtime_error(fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
+                                         "checkpoints are kept",
+                                         progress.step, error.what()));
+  }
+  prune(progress.step, config.train.keep_last, config.train.keep_every);
+  return final_path;
+}
+
+std::vector<int64_t> CheckpointStore::saved_steps() const {
+  std::vector<int64_t> steps;
+  if (!std::filesystem::exists(directory_)) return steps;
+  for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, match, kCheckpointName)) steps.push_back(std::stoll(match[1]));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const {
+  int64_t kept = 0;
+  for (const int64_t step : saved_steps()) {
+    if (step > saved_step) continue;
+    if (kept++ < keep_last || (keep_every > 0 && step % keep_every == 0)) continue;
+    std::filesystem::remove_all(path_of(step));
+  }
+}
+
+std::optional<std::filesystem::path> CheckpointStore::latest() const {
+  std::ifstream marker(directory_ / "latest");
+  std::string name;
+  if (!marker || !(marker >> name)) return std::nullopt;
+  if (!std::regex_match(name, kCheckpointName) || !std::filesystem::is_directory(directory_ / name)) {
+    throw UserError(fmt::format("{}: names \"{}\", which is not a checkpoint here: resume from a checkpoint "
+                                "directory with --resume PATH",
+                                (directory_ / "latest").string(), name));
+  }
+  return directory_ / name;
+}
+
+std::optional<std::filesystem::path> CheckpointStore::newest_intact_before(int64_t step) const {
+  for (const int64_t older : saved_steps()) {
+    if (older >= step) continue;
+    try {
+      verify_checkpoint(path_of(older));
+      return path_of(older);
+    } catch (const UserError&) {
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resume, Llama& model, AdamW& optimizer,
+                                                        const Config& config) const {
+  if (resume.empty()) {
+    if (const std::vector<int64_t> steps = saved_steps(); !steps.empty()) {
+      throw UserError(fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
+                                  "--resume auto, or start a new one in another train.run_dir",
+                                  directory_.parent_path().string(), checkpoint_name(steps.front())));
+    }
+    return std::nullopt;
+  }
+  if (resume != "auto") {
+    if (!std::filesystem::is_directory(resume)) {
+      throw UserError(fmt::format("--resume {}: no such checkpoint directory", resume));
+    }
+    return load_checkpoint(resume, model, optimizer, config);
+  }
+  const auto newest = latest();
+  if (!newest) {
+    spdlog::info("--resume auto: no checkpoint in the run directory yet; starting fresh");
+    return std::nullopt;
+  }
+  try {
+    return load_checkpoint(*newest, model, optimizer, config);
+  } catch (const UserError& error) {
+    const int64_t newest_step = std::stoll(newest->filename().string().substr(5));
+    const auto intact = newest_intact_before(newest_step);
+    if (!intact) throw;
+    throw UserError(fmt::format("{}; the older checkpoint {} is intact: continue from it with --resume {}",
+                                error.what(), intact->filename().string(), intact->string()));
+  }
+}
+
+std::filesystem::path find_weights(const std::filesystem::path& path) {
+  if (std::filesystem::is_regular_file(path)) {
+    // A weights file inside a checkpoint is checked against the checkpoint's checksums.
+    if (std::filesystem::exists(path.parent_path() / "state.json")) verify_checkpoint(path.parent_path());
+    return path;
+  }
+  if (std::filesystem::exists(path / "state.json")) {
+    verify_checkpoint(path);
+    return path / "model.safetensors";
+  }
+  if (std::filesystem::exists(path / "model.safetensors")) return path / "model.safetensors";
+  if (const auto latest = CheckpointStore(path).latest()) {
+    verify_checkpoint(*latest);
+    return *latest / "model.safetensors";
+  }
+  throw UserError(fmt::format("{}: no weights here: give a .safetensors file, a checkpoint directory "
+                              "or a run directory with checkpoints (train first)",
+                              path.string()));
+}
+
+}  // namespace mltrain

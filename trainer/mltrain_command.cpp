@@ -1,0 +1,47 @@
+#include "trainer/mltrain_command.h"
+
+#include <fmt/core.h>
+
+#include "common/error.h"
+#include "common/guarded_main.h"
+#include "common/logging.h"
+#include "dist/world.h"
+#include "trainer/command_line.h"
+#include "trainer/config.h"
+#include "trainer/dry_run.h"
+#include "trainer/evaluation.h"
+#include "trainer/loss_plot.h"
+#include "trainer/training_run.h"
+
+namespace mltrain {
+
+int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
+  const World world = init_world(&argc, &argv);
+  setup_logging(world.rank);
+  const int code = guarded_main([&] {
+    const CommandLine command_line = parse_command_line(argc, argv);
+    if (command_line.help) {
+      fmt::print("{}", command_line_help());
+      return 0;
+    }
+    const Config config = load_config(command_line.config_path, command_line.overrides);
+    if (command_line.dump_config) {
+      fmt::print("{}", config_to_yaml(config));
+    } else if (command_line.dry_run) {
+      dry_run(config);
+    } else if (command_line.plot) {
+      draw_loss_curve(config.train.run_dir);
+    } else if (command_line.eval_only) {
+      evaluate_weights(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
+    } else {
+      train(config, command_line.resume, world, hooks);
+    }
+    return 0;
+  });
+  // A rank that fails takes the others down rather than leave them waiting in a collective.
+  if (code != 0 && world.size > 1) abort_world(world, code);
+  finalize_world(world);
+  return code;
+}
+
+}  // namespace mltrain

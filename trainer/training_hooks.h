@@ -1,0 +1,23 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+namespace mltrain {
+
+// The seam through which tests make failures happen on purpose: what a crash, a full disk, a
+// diverging run or a dead rank leave behind. A default-constructed TrainingHooks does nothing,
+// and the shipped binaries never set one.
+struct TrainingHooks {
+  // After step `step` (counted from 1) has averaged its gradients, before they are clipped.
+  std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& parameters)> after_gradients;
+  // While a checkpoint is written into `directory`, once its weights file is complete and before
+  // the rest: a hook that throws fails the save, one that kills the process leaves it half-written.
+  std::function<void(const std::filesystem::path& directory)> during_checkpoint_write;
+};
+
+}  // namespace mltrain
