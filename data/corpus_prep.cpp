@@ -49,7 +49,8 @@ std::string without_terminal_escapes(const std::string& text) {
 
 // Splits text at lines that `is_separator` accepts; the separators themselves are dropped.
 template <class Separator>
-void split_at_lines(const std::string& text, Separator is_separator, std::vector<std::string>& out) {
+void split_at_lines(const std::string& text, Separator is_separator,
+                    std::vector<std::string>& out) {
   std::string document;
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
@@ -63,7 +64,8 @@ void split_at_lines(const std::string& text, Separator is_separator, std::vector
   if (!document.empty()) out.push_back(std::move(document));
 }
 
-void read_jsonl(const std::filesystem::path& path, const std::string& text, std::vector<std::string>& out) {
+void read_jsonl(const std::filesystem::path& path, const std::string& text,
+                std::vector<std::string>& out) {
   std::istringstream lines(text);
   int64_t number = 0;
   for (std::string line; std::getline(lines, line);) {
@@ -115,7 +117,8 @@ std::vector<std::vector<uint32_t>> encode_documents(const Tokenizer& tokenizer,
   while (done < documents.size() && !error) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const size_t finished = done;
-    if (seconds_since(start) > 2 && finished * 10 / documents.size() > reported * 10 / documents.size()) {
+    if (seconds_since(start) > 2 &&
+        finished * 10 / documents.size() > reported * 10 / documents.size()) {
       const double rate = finished / seconds_since(start);
       spdlog::info("encoding: {}/{} documents, ETA {:.0f} s", finished, documents.size(),
                    (documents.size() - finished) / rate);
@@ -128,8 +131,9 @@ std::vector<std::vector<uint32_t>> encode_documents(const Tokenizer& tokenizer,
 }
 
 // Writes the documents' tokens, each followed by end_of_document, as shards prefix_000000.bin...
-int64_t write_split(const std::vector<std::vector<uint32_t>>& encoded, const std::vector<size_t>& documents,
-                    uint32_t end_of_document, const CorpusPrepOptions& options, const std::string& prefix) {
+int64_t write_split(const std::vector<std::vector<uint32_t>>& encoded,
+                    const std::vector<size_t>& documents, uint32_t end_of_document,
+                    const CorpusPrepOptions& options, const std::string& prefix) {
   std::vector<uint32_t> shard;
   int64_t total = 0;
   int shard_index = 0;
@@ -170,13 +174,17 @@ std::vector<std::string> read_documents(const std::vector<std::filesystem::path>
     const std::string text = read_file(path);
     switch (format) {
       case DocumentFormat::kText:
-        split_at_lines(text, [](const std::string& line) {
-          return line.find_first_not_of(" \t\r") == std::string::npos;
-        }, documents);
+        split_at_lines(
+            text,
+            [](const std::string& line) {
+              return line.find_first_not_of(" \t\r") == std::string::npos;
+            },
+            documents);
         break;
       case DocumentFormat::kFortune:
-        split_at_lines(without_terminal_escapes(text),
-                       [](const std::string& line) { return line == "%" || line == "%\r"; }, documents);
+        split_at_lines(
+            without_terminal_escapes(text),
+            [](const std::string& line) { return line == "%" || line == "%\r"; }, documents);
         break;
       case DocumentFormat::kJsonl:
         read_jsonl(path, text, documents);
@@ -190,12 +198,14 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   auto start = Clock::now();
   const std::vector<std::string> documents = read_documents(options.inputs, options.format);
   if (documents.size() < 2) {
-    throw UserError(fmt::format("the inputs hold {} document(s): at least 2 are needed for a "
-                                "training and a validation split",
-                                documents.size()));
+    throw UserError(
+        fmt::format("the inputs hold {} document(s): at least 2 are needed for a "
+                    "training and a validation split",
+                    documents.size()));
   }
   CorpusPrepReport report;
-  for (const std::string& document : documents) report.text_bytes += static_cast<int64_t>(document.size());
+  for (const std::string& document : documents)
+    report.text_bytes += static_cast<int64_t>(document.size());
   spdlog::info("read {} documents, {:.1f} MB of text, in {:.1f} s", documents.size(),
                report.text_bytes / 1e6, seconds_since(start));
 
@@ -203,12 +213,14 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   const std::filesystem::path model = options.out_dir / "tokenizer.model";
   if (options.tokenizer.empty()) {
     start = Clock::now();
-    spdlog::info("training a {}-token BPE tokenizer on {} threads...", options.vocab_size, options.threads);
+    spdlog::info("training a {}-token BPE tokenizer on {} threads...", options.vocab_size,
+                 options.threads);
     train_tokenizer(documents, options.vocab_size, options.threads, model);
     spdlog::info("tokenizer trained in {:.1f} s: {}", seconds_since(start), model.string());
   } else if (std::filesystem::absolute(options.tokenizer) != std::filesystem::absolute(model)) {
     const Tokenizer check(options.tokenizer);  // fails clearly before anything is copied
-    std::filesystem::copy_file(options.tokenizer, model, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(options.tokenizer, model,
+                               std::filesystem::copy_options::overwrite_existing);
   }
   const Tokenizer tokenizer(model);
 
@@ -229,15 +241,18 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   shard_options.vocab_size = tokenizer.vocab_size();
   report.train_documents = static_cast<int64_t>(train.size());
   report.val_documents = static_cast<int64_t>(val.size());
-  report.train_tokens = write_split(encoded, train, tokenizer.end_of_document(), shard_options, "train");
+  report.train_tokens =
+      write_split(encoded, train, tokenizer.end_of_document(), shard_options, "train");
   if (!val.empty()) {
-    report.val_tokens = write_split(encoded, val, tokenizer.end_of_document(), shard_options, "val");
+    report.val_tokens =
+        write_split(encoded, val, tokenizer.end_of_document(), shard_options, "val");
   }
-  spdlog::info("encoded in {:.1f} s: {} train tokens ({} documents), {} val tokens ({} documents), "
-               "{:.2f} bytes per token",
-               seconds_since(start), report.train_tokens, report.train_documents, report.val_tokens,
-               report.val_documents,
-               static_cast<double>(report.text_bytes) / (report.train_tokens + report.val_tokens));
+  spdlog::info(
+      "encoded in {:.1f} s: {} train tokens ({} documents), {} val tokens ({} documents), "
+      "{:.2f} bytes per token",
+      seconds_since(start), report.train_tokens, report.train_documents, report.val_tokens,
+      report.val_documents,
+      static_cast<double>(report.text_bytes) / (report.train_tokens + report.val_tokens));
   return report;
 }
 

@@ -42,13 +42,12 @@ void Loader::produce() {
     while (true) {
       {
         std::unique_lock lock(mutex_);
-        changed_.wait(lock, [this] {
-          return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_;
-        });
+        changed_.wait(
+            lock, [this] { return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_; });
         if (stopping_) return;
       }
-      MicroBatch batch{gather_windows(windows_, sampler_.windows(next_step_start_, next_micro_step_, rank_),
-                                      pin_memory_)};
+      MicroBatch batch{gather_windows(
+          windows_, sampler_.windows(next_step_start_, next_micro_step_, rank_), pin_memory_)};
       if (++next_micro_step_ == sampler_.layout().grad_accum) {
         next_micro_step_ = 0;
         next_step_start_ += sampler_.layout().global_batch();
@@ -70,7 +69,8 @@ MicroBatch Loader::next() {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [this] { return !ready_.empty() || error_; });
-  waited_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  waited_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (ready_.empty()) std::rethrow_exception(error_);
   MicroBatch batch = std::move(ready_.front());
   ready_.pop_front();

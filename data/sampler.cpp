@@ -28,8 +28,7 @@ int64_t Sampler::window_of_sample(int64_t sample) {
 }
 
 std::vector<int64_t> Sampler::windows(int64_t step_start, int64_t micro_step, int64_t rank) {
-  const int64_t first =
-      step_start + (micro_step * layout_.world_size + rank) * layout_.micro_batch;
+  const int64_t first = step_start + (micro_step * layout_.world_size + rank) * layout_.micro_batch;
   std::vector<int64_t> result(layout_.micro_batch);
   for (int64_t i = 0; i < layout_.micro_batch; ++i) result[i] = window_of_sample(first + i);
   return result;

@@ -25,7 +25,8 @@ class Sampler {
   Sampler(int64_t num_windows, uint64_t seed, BatchLayout layout);
 
   // The windows that `rank` reads in `micro_step` of the optimizer step starting at sample
-  // `step_start`. Micro-step m of rank r takes the slice (m x world_size + r) of the step's samples.
+  // `step_start`. Micro-step m of rank r takes the slice (m x world_size + r) of the step's
+  // samples.
   std::vector<int64_t> windows(int64_t step_start, int64_t micro_step, int64_t rank);
 
   // The window that the run's sample-th sample reads.

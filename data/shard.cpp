@@ -5,11 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 #include <utility>
 #include <vector>
 
@@ -100,10 +100,11 @@ ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size) : path_
     num_tokens_ = count;
     const uint64_t expected = kShardHeaderBytes + static_cast<uint64_t>(num_tokens_) * token_bytes_;
     if (file_bytes != expected) {
-      throw fail(fmt::format("offset 8: the header counts {} tokens ({} bytes in all) but the file "
-                             "has {} bytes ({})",
-                             num_tokens_, expected, file_bytes,
-                             file_bytes < expected ? "truncated" : "longer than its count"));
+      throw fail(
+          fmt::format("offset 8: the header counts {} tokens ({} bytes in all) but the file "
+                      "has {} bytes ({})",
+                      num_tokens_, expected, file_bytes,
+                      file_bytes < expected ? "truncated" : "longer than its count"));
     }
     check_token_ids(vocab_size);
   } catch (...) {
@@ -137,11 +138,11 @@ void ShardReader::check_token_ids(int64_t vocab_size) const {
   for (int64_t i = 0; i < num_tokens_; ++i) {
     read(i, one);
     if (one[0] >= vocab_size) {
-      throw UserError(fmt::format("{}: offset {}: token {} (index {}) is not below the vocabulary "
-                                  "size {} (model.vocab_size): was the shard made with another "
-                                  "tokenizer?",
-                                  path_.string(), kShardHeaderBytes + i * token_bytes_, one[0], i,
-                                  vocab_size));
+      throw UserError(
+          fmt::format("{}: offset {}: token {} (index {}) is not below the vocabulary "
+                      "size {} (model.vocab_size): was the shard made with another "
+                      "tokenizer?",
+                      path_.string(), kShardHeaderBytes + i * token_bytes_, one[0], i, vocab_size));
     }
   }
 }

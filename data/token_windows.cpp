@@ -2,10 +2,10 @@
 
 #include <glob.h>
 
-#include <algorithm>
-#include <chrono>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <algorithm>
+#include <chrono>
 
 #include "common/error.h"
 
@@ -17,9 +17,10 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
   ::globfree(&matches);
   if (result != 0 || paths.empty()) {
-    throw UserError(fmt::format("no token shards match {} (prepare a corpus with mlprep, or set "
-                                "data.train / data.val)",
-                                pattern));
+    throw UserError(
+        fmt::format("no token shards match {} (prepare a corpus with mlprep, or set "
+                    "data.train / data.val)",
+                    pattern));
   }
   std::sort(paths.begin(), paths.end());
   return paths;
@@ -34,15 +35,17 @@ TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t 
     // Validation reads every token: on a large corpus that takes a while, so say how far it is.
     const auto now = std::chrono::steady_clock::now();
     if (now - last_report > std::chrono::seconds(5)) {
-      spdlog::info("validating shards: {}/{} ({} tokens so far)", shards_.size(), paths.size(), num_tokens_);
+      spdlog::info("validating shards: {}/{} ({} tokens so far)", shards_.size(), paths.size(),
+                   num_tokens_);
       last_report = now;
     }
     ShardReader shard(path, vocab_size);
     const int64_t windows = shard.num_tokens() > seq_len ? (shard.num_tokens() - 1) / seq_len : 0;
     if (windows == 0) {
-      throw UserError(fmt::format("{}: {} tokens are fewer than one window of data.seq_len + 1 = "
-                                  "{} tokens",
-                                  path, shard.num_tokens(), seq_len + 1));
+      throw UserError(
+          fmt::format("{}: {} tokens are fewer than one window of data.seq_len + 1 = "
+                      "{} tokens",
+                      path, shard.num_tokens(), seq_len + 1));
     }
     num_tokens_ += shard.num_tokens();
     window_starts_.push_back(window_starts_.back() + windows);

@@ -18,7 +18,9 @@ namespace {
 // newlines themselves are encoded through byte fallback.
 class LineIterator : public sentencepiece::SentenceIterator {
  public:
-  explicit LineIterator(const std::vector<std::string>& documents) : documents_(documents) { advance(); }
+  explicit LineIterator(const std::vector<std::string>& documents) : documents_(documents) {
+    advance();
+  }
   bool done() const override { return document_ >= documents_.size(); }
   void Next() override { advance(); }
   const std::string& value() const override { return line_; }
@@ -59,7 +61,8 @@ double character_coverage(const std::vector<std::string>& documents, int64_t voc
       const unsigned char lead = static_cast<unsigned char>(text[i]);
       const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
       uint32_t code = 0;
-      for (size_t j = i; j < std::min(i + length, text.size()); ++j) code = code << 8 | static_cast<unsigned char>(text[j]);
+      for (size_t j = i; j < std::min(i + length, text.size()); ++j)
+        code = code << 8 | static_cast<unsigned char>(text[j]);
       if (code != '\n') {
         ++counts[code];
         ++total;
@@ -72,10 +75,11 @@ double character_coverage(const std::vector<std::string>& documents, int64_t voc
   std::sort(frequencies.rbegin(), frequencies.rend());
   const size_t most_characters = static_cast<size_t>(vocab_size / 2);
   if (frequencies.size() <= most_characters) return kFullCoverage;
-  const int64_t covered = std::accumulate(frequencies.begin(), frequencies.begin() + most_characters - 1, int64_t{0});
+  const int64_t covered =
+      std::accumulate(frequencies.begin(), frequencies.begin() + most_characters - 1, int64_t{0});
   constexpr double kLeastCoverage = 0.98;
-  return std::clamp(static_cast<double>(covered) / static_cast<double>(total) - 1e-6, kLeastCoverage,
-                    kFullCoverage);
+  return std::clamp(static_cast<double>(covered) / static_cast<double>(total) - 1e-6,
+                    kLeastCoverage, kFullCoverage);
 }
 
 }  // namespace
@@ -83,13 +87,15 @@ double character_coverage(const std::vector<std::string>& documents, int64_t voc
 Tokenizer::Tokenizer(const std::filesystem::path& model)
     : path_(model), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   if (!std::filesystem::exists(model)) {
-    throw UserError(fmt::format("{}: tokenizer model not found (data.tokenizer; mlprep writes "
-                                "tokenizer.model beside the shards)",
-                                model.string()));
+    throw UserError(
+        fmt::format("{}: tokenizer model not found (data.tokenizer; mlprep writes "
+                    "tokenizer.model beside the shards)",
+                    model.string()));
   }
   const auto status = processor_->Load(model.string());
   if (!status.ok()) {
-    throw UserError(fmt::format("{}: not a SentencePiece model ({})", model.string(), status.ToString()));
+    throw UserError(
+        fmt::format("{}: not a SentencePiece model ({})", model.string(), status.ToString()));
   }
 }
 
@@ -102,7 +108,9 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
   return {ids.begin(), ids.end()};
 }
 
-std::string Tokenizer::decode(const std::vector<int>& ids) const { return processor_->DecodeIds(ids); }
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  return processor_->DecodeIds(ids);
+}
 
 int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 
@@ -134,7 +142,8 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
   std::string serialized;
   const auto status = sentencepiece::SentencePieceTrainer::Train(options, &lines, &serialized);
   if (!status.ok()) {
-    throw UserError(fmt::format("training a {}-token tokenizer failed: {}", vocab_size, status.ToString()));
+    throw UserError(
+        fmt::format("training a {}-token tokenizer failed: {}", vocab_size, status.ToString()));
   }
   write_file_atomically(model, serialized);
 }

@@ -21,16 +21,23 @@ void check_mpi(int code, const char* operation) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  throw std::runtime_error(fmt::format("{} failed: {} (did another rank die?)", operation, std::string(text, length)));
+  throw std::runtime_error(
+      fmt::format("{} failed: {} (did another rank die?)", operation, std::string(text, length)));
 }
 
 MPI_Datatype mpi_type(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kLong: return MPI_INT64_T;
-    case at::kByte: return MPI_UINT8_T;
-    default: throw std::invalid_argument(fmt::format("no MPI type for {}", c10::toString(tensor.scalar_type())));
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    default:
+      throw std::invalid_argument(
+          fmt::format("no MPI type for {}", c10::toString(tensor.scalar_type())));
   }
 }
 
@@ -44,7 +51,9 @@ class SingleRankCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor&) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor&) override {
+    return std::make_unique<DoneWork>();
+  }
   void broadcast(const at::Tensor&, int) override {}
   double all_reduce_sum(double value) override { return value; }
 };
@@ -58,8 +67,9 @@ void wait_for(MPI_Request& request, double timeout_s, const char* operation) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
     if (done) return;
     if (std::chrono::steady_clock::now() > deadline) {
-      throw std::runtime_error(fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
-                                           operation, timeout_s));
+      throw std::runtime_error(
+          fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
+                      operation, timeout_s));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -69,15 +79,17 @@ void wait_for(MPI_Request& request, double timeout_s, const char* operation) {
 void sum_bf16(void* in, void* inout, int* length, MPI_Datatype*) {
   const auto* a = static_cast<const c10::BFloat16*>(in);
   auto* b = static_cast<c10::BFloat16*>(inout);
-  for (int i = 0; i < *length; ++i) b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  for (int i = 0; i < *length; ++i)
+    b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
 class MpiAllReduceWork : public CollectiveWork {
  public:
-  MpiAllReduceWork(at::Tensor tensor, int world_size, double timeout_s, MPI_Datatype type, MPI_Op op)
+  MpiAllReduceWork(at::Tensor tensor, int world_size, double timeout_s, MPI_Datatype type,
+                   MPI_Op op)
       : tensor_(std::move(tensor)), world_size_(world_size), timeout_s_(timeout_s) {
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor_.data_ptr(), static_cast<int>(tensor_.numel()), type, op,
-                             MPI_COMM_WORLD, &request_),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor_.data_ptr(), static_cast<int>(tensor_.numel()),
+                             type, op, MPI_COMM_WORLD, &request_),
               "MPI_Iallreduce");
   }
   void wait() override {
@@ -108,17 +120,20 @@ class MpiCommunicator : public Communicator {
   int size() const override { return world_.size; }
 
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
-    if (!tensor.is_cpu() || !tensor.is_contiguous()) throw std::invalid_argument("MPI all-reduce needs a contiguous CPU tensor");
-    if (tensor.numel() > std::numeric_limits<int>::max()) throw std::invalid_argument("MPI all-reduce of over 2^31 elements");
+    if (!tensor.is_cpu() || !tensor.is_contiguous())
+      throw std::invalid_argument("MPI all-reduce needs a contiguous CPU tensor");
+    if (tensor.numel() > std::numeric_limits<int>::max())
+      throw std::invalid_argument("MPI all-reduce of over 2^31 elements");
     const bool bf16 = tensor.scalar_type() == at::kBFloat16;
-    return std::make_unique<MpiAllReduceWork>(tensor, world_.size, timeout_s_, bf16 ? bf16_type_ : mpi_type(tensor),
+    return std::make_unique<MpiAllReduceWork>(tensor, world_.size, timeout_s_,
+                                              bf16 ? bf16_type_ : mpi_type(tensor),
                                               bf16 ? bf16_sum_ : MPI_SUM);
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor), root, MPI_COMM_WORLD,
-                         &request),
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor),
+                         root, MPI_COMM_WORLD, &request),
               "MPI_Ibcast");
     wait_for(request, timeout_s_, "broadcast");
   }
@@ -126,7 +141,8 @@ class MpiCommunicator : public Communicator {
   double all_reduce_sum(double value) override {
     double sum = 0.0;
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request), "MPI_Iallreduce");
+    check_mpi(MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
+              "MPI_Iallreduce");
     wait_for(request, timeout_s_, "all-reduce of a host value");
     return sum;
   }
@@ -157,7 +173,8 @@ bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& com
 std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device,
                                                 const std::string& backend, double timeout_s) {
   if (world.size > 1 && backend == "nccl" && !device.is_cuda()) {
-    throw UserError("dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
+    throw UserError(
+        "dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
   }
   if (world.size > 1 && backend == "mpi" && device.is_cuda()) {
     throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");

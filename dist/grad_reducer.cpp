@@ -1,6 +1,7 @@
 #include "dist/grad_reducer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -20,8 +21,8 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
-                         double first_bucket_mb, bool overlap, bool compress_bf16)
+GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
+                         double bucket_mb, double first_bucket_mb, bool overlap, bool compress_bf16)
     : parameters_(std::move(parameters)),
       bucket_of_(parameters_.size()),
       communicator_(communicator),
@@ -56,12 +57,14 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
         throw std::invalid_argument("GradReducer must be set up before the first backward");
       }
       parameters_[i].mutable_grad() =
-          bucket.buffer.narrow(0, bucket.offsets[k], parameters_[i].numel()).view(parameters_[i].sizes());
+          bucket.buffer.narrow(0, bucket.offsets[k], parameters_[i].numel())
+              .view(parameters_[i].sizes());
       bucket_of_[i] = b;
-      torch::autograd::impl::set_post_acc_grad_hooks(parameters_[i],
-                                                     std::make_unique<ReadyHook>([this, i] { mark_ready(i); }));
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          parameters_[i], std::make_unique<ReadyHook>([this, i] { mark_ready(i); }));
     }
-    if (compress_bf16_) bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
+    if (compress_bf16_)
+      bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
     bucket.parameters = members[b];
     bucket.pending = members[b].size();
     buckets_.push_back(std::move(bucket));
@@ -69,7 +72,8 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
 }
 
 GradReducer::~GradReducer() {
-  for (const at::Tensor& parameter : parameters_) torch::autograd::impl::set_post_acc_grad_hooks(parameter, nullptr);
+  for (const at::Tensor& parameter : parameters_)
+    torch::autograd::impl::set_post_acc_grad_hooks(parameter, nullptr);
 }
 
 void GradReducer::mark_ready(size_t parameter) {

@@ -37,11 +37,11 @@ class GradReducer {
 
  private:
   struct Bucket {
-    at::Tensor buffer;                // flat gradients of its parameters
-    std::vector<size_t> parameters;   // indices into the reducer's parameter list
-    std::vector<int64_t> offsets;     // each parameter's first element in buffer
-    size_t pending = 0;               // gradients still to arrive in this backward
-    at::Tensor wire;                  // bf16 twin all-reduced in place of buffer, when compressing
+    at::Tensor buffer;               // flat gradients of its parameters
+    std::vector<size_t> parameters;  // indices into the reducer's parameter list
+    std::vector<int64_t> offsets;    // each parameter's first element in buffer
+    size_t pending = 0;              // gradients still to arrive in this backward
+    at::Tensor wire;                 // bf16 twin all-reduced in place of buffer, when compressing
     std::unique_ptr<CollectiveWork> work;
   };
 

@@ -19,12 +19,19 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kDouble: return ncclFloat64;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    default: throw std::invalid_argument(fmt::format("no NCCL type for {}", c10::toString(tensor.scalar_type())));
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    default:
+      throw std::invalid_argument(
+          fmt::format("no NCCL type for {}", c10::toString(tensor.scalar_type())));
   }
 }
 
@@ -37,7 +44,8 @@ class NcclComm {
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    check(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "ncclCommInitRankConfig");
+    check(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config),
+          "ncclCommInitRankConfig");
     settle("ncclCommInitRankConfig");
   }
   ~NcclComm() {
@@ -54,7 +62,9 @@ class NcclComm {
   }
 
   // Waits until the communicator has no call in progress (non-blocking mode), or fails.
-  void settle(const char* operation) { wait_until([] { return true; }, operation); }
+  void settle(const char* operation) {
+    wait_until([] { return true; }, operation);
+  }
 
   // Polls `done` and the communicator's asynchronous error; aborts after the timeout.
   template <class Done>
@@ -65,13 +75,15 @@ class NcclComm {
       ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) {
         abort();
-        throw std::runtime_error(fmt::format("{} failed: {} (did another rank die?)", operation, ncclGetErrorString(state)));
+        throw std::runtime_error(fmt::format("{} failed: {} (did another rank die?)", operation,
+                                             ncclGetErrorString(state)));
       }
       if (state == ncclSuccess && done()) return;
       if (Clock::now() > deadline) {
         abort();
-        throw std::runtime_error(fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
-                                             operation, timeout_));
+        throw std::runtime_error(
+            fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
+                        operation, timeout_));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -96,9 +108,10 @@ class NcclAllReduceWork : public CollectiveWork {
     const auto compute = c10::cuda::getCurrentCUDAStream(tensor_.device().index());
     ready_.record(compute);
     ready_.block(stream_);  // the gradients are complete on the compute stream first
-    comm_.check(ncclAllReduce(tensor_.data_ptr(), tensor_.data_ptr(), static_cast<size_t>(tensor_.numel()),
-                              nccl_type(tensor_), ncclAvg, comm_.get(), stream_.stream()),
-                "ncclAllReduce");
+    comm_.check(
+        ncclAllReduce(tensor_.data_ptr(), tensor_.data_ptr(), static_cast<size_t>(tensor_.numel()),
+                      nccl_type(tensor_), ncclAvg, comm_.get(), stream_.stream()),
+        "ncclAllReduce");
     comm_.settle("ncclAllReduce");
     done_.record(stream_);
     // The caching allocator must not reuse the buffer while the communication stream uses it.
@@ -124,13 +137,15 @@ class NcclCommunicator : public Communicator {
       : world_(world),
         guard_(static_cast<c10::DeviceIndex>(world.local_rank)),
         comm_(world, timeout_s),
-        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(world.local_rank))) {}
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
+                                             static_cast<c10::DeviceIndex>(world.local_rank))) {}
 
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
-    if (!tensor.is_cuda() || !tensor.is_contiguous()) throw std::invalid_argument("NCCL all-reduce needs a contiguous CUDA tensor");
+    if (!tensor.is_cuda() || !tensor.is_contiguous())
+      throw std::invalid_argument("NCCL all-reduce needs a contiguous CUDA tensor");
     auto work = std::make_unique<NcclAllReduceWork>(comm_, tensor, stream_);
     work->launch();
     return work;
@@ -138,9 +153,10 @@ class NcclCommunicator : public Communicator {
 
   void broadcast(const at::Tensor& tensor, int root) override {
     const auto stream = c10::cuda::getCurrentCUDAStream(tensor.device().index());
-    comm_.check(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                              nccl_type(tensor), root, comm_.get(), stream.stream()),
-                "ncclBroadcast");
+    comm_.check(
+        ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_type(tensor), root, comm_.get(), stream.stream()),
+        "ncclBroadcast");
     comm_.settle("ncclBroadcast");
     stream.synchronize();
   }

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <stdexcept>
+#include <thread>
 
 namespace mltrain {
 namespace {
@@ -27,8 +27,9 @@ World init_world(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
-    throw std::runtime_error("the MPI library does not support MPI_THREAD_MULTIPLE, which the "
-                             "overlapped gradient all-reduce needs");
+    throw std::runtime_error(
+        "the MPI library does not support MPI_THREAD_MULTIPLE, which the "
+        "overlapped gradient all-reduce needs");
   }
   // Errors come back as codes that mltrain turns into messages, rather than aborting silently.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -1,6 +1,6 @@
 // mlgen: continues a prompt with a trained model (greedy decoding).
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <charconv>
 #include <optional>
@@ -16,7 +16,8 @@
 
 namespace {
 
-const char* const kDescription = R"(Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
+const char* const kDescription =
+    R"(Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
 and prints the prompt continued greedily by the model until the end of a document or N new
 tokens.
 )";
@@ -35,8 +36,11 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
   // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
   app.allow_extras();
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("RUN_DIR", arguments.run_dir, "the run directory mltrain trained in")->required()->type_name("");
-  app.add_option("--prompt", arguments.prompt, "the text to continue; default: start a new document")
+  app.add_option("RUN_DIR", arguments.run_dir, "the run directory mltrain trained in")
+      ->required()
+      ->type_name("");
+  app.add_option("--prompt", arguments.prompt,
+                 "the text to continue; default: start a new document")
       ->type_name("TEXT");
   // Checked as text, before CLI11 converts it, so that the error says what is expected.
   app.add_option("--tokens", arguments.max_tokens, "most new tokens to generate; default 64")
@@ -44,8 +48,10 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
       ->check(CLI::Validator(
           [](const std::string& value) {
             int64_t number = 0;
-            const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
-            if (error == std::errc() && end == value.data() + value.size() && number > 0) return std::string();
+            const auto [end, error] =
+                std::from_chars(value.data(), value.data() + value.size(), number);
+            if (error == std::errc() && end == value.data() + value.size() && number > 0)
+              return std::string();
             return fmt::format("expected a positive integer, got \"{}\"", value);
           },
           ""));
@@ -60,12 +66,13 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
   } catch (const CLI::ParseError& error) {
     throw mltrain::UserError(fmt::format("{} (see mlgen --help)", error.what()));
   }
-  // An unknown flag is reported before a missing run directory: in `mlgen --temp 1` it is the mistake.
+  // An unknown flag is reported before a missing run directory: in `mlgen --temp 1` it is the
+  // mistake.
   const std::vector<std::string> extra = app.remaining();
   if (!extra.empty()) {
-    throw mltrain::UserError(fmt::format("{} {} (see mlgen --help)",
-                                         extra.front().starts_with("-") ? "unknown option" : "unexpected argument",
-                                         extra.front()));
+    throw mltrain::UserError(fmt::format(
+        "{} {} (see mlgen --help)",
+        extra.front().starts_with("-") ? "unknown option" : "unexpected argument", extra.front()));
   }
   if (run_dir_missing) throw mltrain::UserError("no run directory given (see mlgen --help)");
   return arguments;
@@ -78,7 +85,8 @@ int main(int argc, char** argv) {
   return mltrain::guarded_main([&] {
     const std::optional<GenerateArguments> arguments = parse_arguments(argc, argv);
     if (!arguments) return 0;
-    const mltrain::Config config = mltrain::load_config(std::filesystem::path(arguments->run_dir) / "config.yaml");
+    const mltrain::Config config =
+        mltrain::load_config(std::filesystem::path(arguments->run_dir) / "config.yaml");
     // The checkpoint is verified first: damaged weights are the error to report, whatever else is.
     const std::filesystem::path weights = mltrain::find_weights(arguments->run_dir);
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);

@@ -1,6 +1,6 @@
 // mlprep: turns text into token shards and a tokenizer that mltrain trains on.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <charconv>
 #include <optional>
@@ -13,7 +13,8 @@
 
 namespace {
 
-const char* const kDescription = R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer (unless one is given),
+const char* const kDescription =
+    R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer (unless one is given),
 encodes the documents and writes DIR/train_000000.bin..., DIR/val_000000.bin... (llm.c token
 shards) and DIR/tokenizer.model.
 )";
@@ -66,9 +67,11 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options, std::s
   app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
       ->type_name("N")
       ->check(integer_at_least(260));
-  app.add_option("--tokenizer", options.tokenizer, "use this SentencePiece model instead of training one")
+  app.add_option("--tokenizer", options.tokenizer,
+                 "use this SentencePiece model instead of training one")
       ->type_name("MODEL");
-  app.add_option("--val-fraction", options.val_fraction, "share of documents held out for validation; default 0.05")
+  app.add_option("--val-fraction", options.val_fraction,
+                 "share of documents held out for validation; default 0.05")
       ->type_name("F")
       ->check(fraction());
   app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard file; default 100000000")
@@ -104,9 +107,9 @@ std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* 
   // An unknown flag is reported before a missing one: it is often the missing one misspelt.
   const std::vector<std::string> extra = app.remaining();
   if (!extra.empty()) {
-    throw mltrain::UserError(fmt::format("{} {} (see mlprep --help)",
-                                         extra.front().starts_with("-") ? "unknown option" : "unexpected argument",
-                                         extra.front()));
+    throw mltrain::UserError(fmt::format(
+        "{} {} (see mlprep --help)",
+        extra.front().starts_with("-") ? "unknown option" : "unexpected argument", extra.front()));
   }
   if (!missing.empty()) throw mltrain::UserError(fmt::format("{} (see mlprep --help)", missing));
   options.format = mltrain::parse_document_format(format);

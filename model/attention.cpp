@@ -21,9 +21,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
       n_kv_heads_(config.n_kv_heads),
       head_dim_(config.head_dim) {}
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
-                                  const at::Tensor& sin, int64_t start_pos, KVCache* cache,
-                                  int64_t layer) {
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  int64_t start_pos, KVCache* cache, int64_t layer) {
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].

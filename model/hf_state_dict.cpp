@@ -26,7 +26,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 9> kBlockNam
     {"ffn.w_down.weight", "mlp.down_proj.weight"},
 }};
 
-std::string shape_text(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_text(at::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 }  // namespace
 
@@ -55,7 +57,8 @@ std::vector<std::pair<std::string, at::Tensor>> hf_named_parameters(const Llama&
 
 NamedTensors hf_state_dict(const Llama& model) {
   NamedTensors state;
-  for (const auto& [name, parameter] : hf_named_parameters(model)) state.emplace(name, parameter.detach());
+  for (const auto& [name, parameter] : hf_named_parameters(model))
+    state.emplace(name, parameter.detach());
   return state;
 }
 
@@ -87,8 +90,8 @@ void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::st
     }
   }
   if (!problems.empty()) {
-    throw UserError(fmt::format("{} does not match the model: {}", source,
-                                fmt::join(problems, "; ")));
+    throw UserError(
+        fmt::format("{} does not match the model: {}", source, fmt::join(problems, "; ")));
   }
   at::NoGradGuard no_grad;
   for (auto& [parameter, value] : copies) parameter.copy_(value);

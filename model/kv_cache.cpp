@@ -14,8 +14,8 @@ KVCache::KVCache(const ModelConfig& config, int64_t batch, int64_t capacity,
   }
 }
 
-std::pair<at::Tensor, at::Tensor> KVCache::append(int64_t layer, int64_t start,
-                                                  const at::Tensor& k, const at::Tensor& v) {
+std::pair<at::Tensor, at::Tensor> KVCache::append(int64_t layer, int64_t start, const at::Tensor& k,
+                                                  const at::Tensor& v) {
   const int64_t length = k.size(2);
   TORCH_CHECK(start + length <= keys_[layer].size(2), "KV cache holds ", keys_[layer].size(2),
               " positions, asked for ", start + length);

@@ -40,11 +40,11 @@ LlamaImpl::LlamaImpl(const ModelConfig& config)
   }
   norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps));
   if (!config.tie_word_embeddings) {
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(bias_free_linear(config.d_model, config.vocab_size)));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(bias_free_linear(config.d_model, config.vocab_size)));
   }
-  rotary = register_module("rotary",
-                           Rotary(config.head_dim, config.max_seq_len, config.rope_theta));
+  rotary =
+      register_module("rotary", Rotary(config.head_dim, config.max_seq_len, config.rope_theta));
   init_weights();
 }
 
@@ -101,8 +101,8 @@ at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets) 
 double training_flops_per_token(const ModelConfig& config, int64_t num_parameters,
                                 int64_t seq_len) {
   const double dense = 6.0 * static_cast<double>(num_parameters);
-  const double attention = 12.0 * static_cast<double>(config.n_layers * config.n_q_heads *
-                                                      config.head_dim * seq_len);
+  const double attention =
+      12.0 * static_cast<double>(config.n_layers * config.n_q_heads * config.head_dim * seq_len);
   return dense + attention;
 }
 

@@ -73,7 +73,6 @@ at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets);
 // 6 N + 12 n_layers n_q_heads head_dim seq_len, where N counts every parameter (the tied
 // embedding once: its lookup is free but the output projection is a matmul over it) and the second
 // term is the attention scores and weighted sum, 6 x 2 n_q_heads head_dim seq_len per layer.
-double training_flops_per_token(const ModelConfig& config, int64_t num_parameters,
-                                int64_t seq_len);
+double training_flops_per_token(const ModelConfig& config, int64_t num_parameters, int64_t seq_len);
 
 }  // namespace mltrain

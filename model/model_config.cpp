@@ -30,7 +30,8 @@ void ModelConfig::validate() const {
   }
   if (head_dim % 2 != 0) {
     throw UserError(fmt::format(
-        "model.head_dim ({}) must be even: rotary embeddings rotate pairs of dimensions", head_dim));
+        "model.head_dim ({}) must be even: rotary embeddings rotate pairs of dimensions",
+        head_dim));
   }
   if (!(rope_theta > 1.0)) {
     throw UserError(fmt::format("model.rope_theta must be greater than 1, got {}", rope_theta));

@@ -8,9 +8,9 @@ RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
   // Angles in float64 so that rows at large positions are as exact as rows near zero.
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor exponents = at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
-  const at::Tensor inv_freq = at::pow(theta, -exponents);                     // [head_dim/2]
+  const at::Tensor inv_freq = at::pow(theta, -exponents);                       // [head_dim/2]
   const at::Tensor angles = at::outer(at::arange(max_seq_len, f64), inv_freq);  // [T, head_dim/2]
-  const at::Tensor both_halves = at::cat({angles, angles}, -1);                // [T, head_dim]
+  const at::Tensor both_halves = at::cat({angles, angles}, -1);                 // [T, head_dim]
   cos_ = register_buffer("cos", both_halves.cos().to(at::kFloat));
   sin_ = register_buffer("sin", both_halves.sin().to(at::kFloat));
 }

@@ -121,8 +121,9 @@ NamedTensors load_safetensors(const std::filesystem::path& path) {
     throw fail("truncated: shorter than the 8-byte header length");
   }
   if (header_length > kMaxHeaderBytes || header_length > file_size - sizeof(header_length)) {
-    throw fail(fmt::format("header length {} does not fit a file of {} bytes (corrupt or truncated)",
-                           header_length, file_size));
+    throw fail(
+        fmt::format("header length {} does not fit a file of {} bytes (corrupt or truncated)",
+                    header_length, file_size));
   }
   std::string header_text(header_length, '\0');
   in.read(header_text.data(), static_cast<std::streamsize>(header_length));
@@ -153,14 +154,16 @@ NamedTensors load_safetensors(const std::filesystem::path& path) {
   uint64_t expected_begin = 0;
   for (const TensorEntry& entry : entries) {
     if (entry.begin != expected_begin) {
-      throw fail(fmt::format("tensor '{}' starts at data byte {} where {} was expected "
-                             "(overlapping or non-contiguous tensors)",
-                             entry.name, entry.begin, expected_begin));
+      throw fail(
+          fmt::format("tensor '{}' starts at data byte {} where {} was expected "
+                      "(overlapping or non-contiguous tensors)",
+                      entry.name, entry.begin, expected_begin));
     }
     if (entry.end > data_size) {
-      throw fail(fmt::format("tensor '{}' ends at data byte {} but the file holds {} bytes of data "
-                             "(truncated)",
-                             entry.name, entry.end, data_size));
+      throw fail(
+          fmt::format("tensor '{}' ends at data byte {} but the file holds {} bytes of data "
+                      "(truncated)",
+                      entry.name, entry.end, data_size));
     }
     expected_begin = entry.end;
   }

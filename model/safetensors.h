@@ -14,7 +14,8 @@ using NamedTensors = std::map<std::string, at::Tensor>;
 // {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}},
 // then the tensors' raw little-endian bytes, packed with no gaps.
 
-// Writes the tensors (copied to the CPU, contiguous) atomically: a reader never sees a partial file.
+// Writes the tensors (copied to the CPU, contiguous) atomically: a reader never sees a partial
+// file.
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

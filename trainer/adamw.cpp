@@ -1,10 +1,8 @@
 #include "trainer/adamw.h"
 
 #include <ATen/ATen.h>
-
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
-
-#include <cmath>
 
 #include "common/error.h"
 
@@ -43,7 +41,8 @@ void AdamW::step(double lr) {
   ++steps_;
   for (Group& group : groups_) {
     at::_foreach_add_(group.state_steps, 1.0);
-    at::_fused_adamw_(group.parameters, grads_of(group.parameters), group.exp_avgs, group.exp_avg_sqs,
+    at::_fused_adamw_(group.parameters, grads_of(group.parameters), group.exp_avgs,
+                      group.exp_avg_sqs,
                       /*max_exp_avg_sqs=*/{}, group.state_steps, lr, options_.beta1, options_.beta2,
                       group.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
@@ -73,7 +72,9 @@ void AdamW::load_state(const OptimizerState& saved, const std::string& source) {
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : own) at::Tensor(tensor).copy_(saved.at(name));
   // Every parameter has taken every step: any one count is the optimizer's.
-  steps_ = groups_.empty() ? 0 : static_cast<int64_t>(groups_.front().state_steps.front().item<double>());
+  steps_ = groups_.empty()
+               ? 0
+               : static_cast<int64_t>(groups_.front().state_steps.front().item<double>());
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {

@@ -47,7 +47,8 @@ std::string hex(const at::Tensor& bytes) {
 at::Tensor from_hex(const std::string& text) {
   at::Tensor bytes = at::empty({static_cast<int64_t>(text.size() / 2)}, at::kByte);
   for (int64_t i = 0; i < bytes.numel(); ++i) {
-    bytes.data_ptr<uint8_t>()[i] = static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+    bytes.data_ptr<uint8_t>()[i] =
+        static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
   }
   return bytes;
 }
@@ -55,11 +56,13 @@ at::Tensor from_hex(const std::string& text) {
 nlohmann::json read_state(const std::filesystem::path& checkpoint) {
   const auto path = checkpoint / "state.json";
   std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("{}: not a checkpoint (no state.json)", checkpoint.string()));
+  if (!in)
+    throw UserError(fmt::format("{}: not a checkpoint (no state.json)", checkpoint.string()));
   try {
     nlohmann::json state = nlohmann::json::parse(in);
     if (state.at("format").get<int>() != kStateFormat) {
-      throw UserError(fmt::format("{}: checkpoint format {} is not {}", path.string(), state["format"].dump(), kStateFormat));
+      throw UserError(fmt::format("{}: checkpoint format {} is not {}", path.string(),
+                                  state["format"].dump(), kStateFormat));
     }
     return state;
   } catch (const nlohmann::json::exception& error) {
@@ -70,9 +73,11 @@ nlohmann::json read_state(const std::filesystem::path& checkpoint) {
 void verify_files(const std::filesystem::path& checkpoint, const nlohmann::json& state) {
   for (const auto& [name, checksum] : state.at("checksums_xxh3").items()) {
     const auto path = checkpoint / name;
-    if (!std::filesystem::exists(path)) throw UserError(fmt::format("{}: missing from the checkpoint", path.string()));
+    if (!std::filesystem::exists(path))
+      throw UserError(fmt::format("{}: missing from the checkpoint", path.string()));
     if (file_checksum(path) != checksum.get<std::string>()) {
-      throw UserError(fmt::format("{}: checksum mismatch: the file is corrupted or truncated", path.string()));
+      throw UserError(
+          fmt::format("{}: checksum mismatch: the file is corrupted or truncated", path.string()));
     }
   }
 }
@@ -83,9 +88,11 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
   std::vector<std::string> model_changes;
   for (const ConfigChange& change : config_changes(saved, config)) {
     if (change.key.starts_with("model.")) {
-      model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config", change.key, change.before, change.after));
+      model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config",
+                                          change.key, change.before, change.after));
     } else {
-      spdlog::info("changed since the checkpoint: {} {} -> {}", change.key, change.before, change.after);
+      spdlog::info("changed since the checkpoint: {} {} -> {}", change.key, change.before,
+                   change.after);
     }
   }
   if (!model_changes.empty()) {
@@ -96,8 +103,9 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
 
 }  // namespace
 
-void write_checkpoint(const std::filesystem::path& directory, const Llama& model, const AdamW& optimizer,
-                      const TrainingProgress& progress, const Config& config, int64_t world_size,
+void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
+                      const AdamW& optimizer, const TrainingProgress& progress,
+                      const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights) {
   save_model_weights(model, directory / "model.safetensors");
   if (after_weights) after_weights(directory);
@@ -114,7 +122,9 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
       {"samples_consumed", progress.samples_consumed},
       {"tokens_seen", progress.tokens_seen},
       {"learning_rate", progress.learning_rate},
-      {"best_val_loss", std::isfinite(progress.best_val_loss) ? nlohmann::json(progress.best_val_loss) : nlohmann::json()},
+      {"best_val_loss", std::isfinite(progress.best_val_loss)
+                            ? nlohmann::json(progress.best_val_loss)
+                            : nlohmann::json()},
       {"world_size", world_size},
       {"rng", {{"cpu", hex(at::detail::getDefaultCPUGenerator().get_state())}}},
       {"checksums_xxh3", files},
@@ -123,10 +133,12 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
   write_file_atomically(directory / "state.json", state.dump(2) + "\n");
 }
 
-void verify_checkpoint(const std::filesystem::path& checkpoint) { verify_files(checkpoint, read_state(checkpoint)); }
+void verify_checkpoint(const std::filesystem::path& checkpoint) {
+  verify_files(checkpoint, read_state(checkpoint));
+}
 
-TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model, AdamW& optimizer,
-                                 const Config& config) {
+TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
+                                 AdamW& optimizer, const Config& config) {
   const nlohmann::json state = read_state(checkpoint);
   verify_files(checkpoint, state);
   check_config(checkpoint, config);
@@ -141,10 +153,11 @@ TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama&
   progress.samples_consumed = state.at("samples_consumed").get<int64_t>();
   progress.tokens_seen = state.at("tokens_seen").get<int64_t>();
   progress.learning_rate = state.at("learning_rate").get<double>();
-  if (state.at("best_val_loss").is_number()) progress.best_val_loss = state["best_val_loss"].get<double>();
+  if (state.at("best_val_loss").is_number())
+    progress.best_val_loss = state["best_val_loss"].get<double>();
   const int64_t saved_world = state.at("world_size").get<int64_t>();
-  spdlog::info("resuming from {}: step {}, {} samples consumed{}", checkpoint.string(), progress.step,
-               progress.samples_consumed,
+  spdlog::info("resuming from {}: step {}, {} samples consumed{}", checkpoint.string(),
+               progress.step, progress.samples_consumed,
                saved_world == 1 ? "" : fmt::format(" (saved by {} ranks)", saved_world));
   return progress;
 }

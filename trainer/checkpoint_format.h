@@ -28,8 +28,9 @@ struct TrainingProgress {
 // Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk;
 // `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
 // or a full disk in the middle of a save).
-void write_checkpoint(const std::filesystem::path& directory, const Llama& model, const AdamW& optimizer,
-                      const TrainingProgress& progress, const Config& config, int64_t world_size,
+void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
+                      const AdamW& optimizer, const TrainingProgress& progress,
+                      const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights = {});
 
 // Checks every file that state.json lists against its checksum. A missing state, a damaged state,
@@ -39,7 +40,7 @@ void verify_checkpoint(const std::filesystem::path& checkpoint);
 // Verifies the checkpoint, then loads it into the model and the optimizer. A model shape that
 // differs from config.model (every differing key listed) is a UserError; changed keys outside
 // model are logged.
-TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model, AdamW& optimizer,
-                                 const Config& config);
+TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
+                                 AdamW& optimizer, const Config& config);
 
 }  // namespace mltrain

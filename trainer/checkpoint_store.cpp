@@ -19,9 +19,12 @@ std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", st
 
 }  // namespace
 
-CheckpointStore::CheckpointStore(const std::filesystem::path& run_dir) : directory_(run_dir / "checkpoints") {}
+CheckpointStore::CheckpointStore(const std::filesystem::path& run_dir)
+    : directory_(run_dir / "checkpoints") {}
 
-std::filesystem::path CheckpointStore::path_of(int64_t step) const { return directory_ / checkpoint_name(step); }
+std::filesystem::path CheckpointStore::path_of(int64_t step) const {
+  return directory_ / checkpoint_name(step);
+}
 
 void CheckpointStore::remove_stale_temporaries() const {
   if (!std::filesystem::exists(directory_)) return;
@@ -33,10 +36,10 @@ void CheckpointStore::remove_stale_temporaries() const {
   }
 }
 
-std::filesystem::path CheckpointStore::save(const Llama& model, const AdamW& optimizer,
-                                            const TrainingProgress& progress, const Config& config,
-                                            int64_t world_size,
-                                            const std::function<void(const std::filesystem::path&)>& after_weights) const {
+std::filesystem::path CheckpointStore::save(
+    const Llama& model, const AdamW& optimizer, const TrainingProgress& progress,
+    const Config& config, int64_t world_size,
+    const std::function<void(const std::filesystem::path&)>& after_weights) const {
   std::filesystem::path final_path = path_of(progress.step);
   const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
   try {
@@ -52,9 +55,10 @@ std::filesystem::path CheckpointStore::save(const Llama& model, const AdamW& opt
   } catch (const std::exception& error) {
     std::error_code ignored;
     std::filesystem::remove_all(temporary, ignored);
-    throw std::runtime_error(fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
-                                         "checkpoints are kept",
-                                         progress.step, error.what()));
+    throw std::runtime_error(
+        fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
+                    "checkpoints are kept",
+                    progress.step, error.what()));
   }
   prune(progress.step, config.train.keep_last, config.train.keep_every);
   return final_path;
@@ -66,7 +70,8 @@ std::vector<int64_t> CheckpointStore::saved_steps() const {
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, match, kCheckpointName)) steps.push_back(std::stoll(match[1]));
+    if (entry.is_directory() && std::regex_match(name, match, kCheckpointName))
+      steps.push_back(std::stoll(match[1]));
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -85,10 +90,12 @@ std::optional<std::filesystem::path> CheckpointStore::latest() const {
   std::ifstream marker(directory_ / "latest");
   std::string name;
   if (!marker || !(marker >> name)) return std::nullopt;
-  if (!std::regex_match(name, kCheckpointName) || !std::filesystem::is_directory(directory_ / name)) {
-    throw UserError(fmt::format("{}: names \"{}\", which is not a checkpoint here: resume from a checkpoint "
-                                "directory with --resume PATH",
-                                (directory_ / "latest").string(), name));
+  if (!std::regex_match(name, kCheckpointName) ||
+      !std::filesystem::is_directory(directory_ / name)) {
+    throw UserError(
+        fmt::format("{}: names \"{}\", which is not a checkpoint here: resume from a checkpoint "
+                    "directory with --resume PATH",
+                    (directory_ / "latest").string(), name));
   }
   return directory_ / name;
 }
@@ -105,13 +112,15 @@ std::optional<std::filesystem::path> CheckpointStore::newest_intact_before(int64
   return std::nullopt;
 }
 
-std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resume, Llama& model, AdamW& optimizer,
+std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resume, Llama& model,
+                                                        AdamW& optimizer,
                                                         const Config& config) const {
   if (resume.empty()) {
     if (const std::vector<int64_t> steps = saved_steps(); !steps.empty()) {
-      throw UserError(fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
-                                  "--resume auto, or start a new one in another train.run_dir",
-                                  directory_.parent_path().string(), checkpoint_name(steps.front())));
+      throw UserError(
+          fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
+                      "--resume auto, or start a new one in another train.run_dir",
+                      directory_.parent_path().string(), checkpoint_name(steps.front())));
     }
     return std::nullopt;
   }
@@ -132,15 +141,17 @@ std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resum
     const int64_t newest_step = std::stoll(newest->filename().string().substr(5));
     const auto intact = newest_intact_before(newest_step);
     if (!intact) throw;
-    throw UserError(fmt::format("{}; the older checkpoint {} is intact: continue from it with --resume {}",
-                                error.what(), intact->filename().string(), intact->string()));
+    throw UserError(
+        fmt::format("{}; the older checkpoint {} is intact: continue from it with --resume {}",
+                    error.what(), intact->filename().string(), intact->string()));
   }
 }
 
 std::filesystem::path find_weights(const std::filesystem::path& path) {
   if (std::filesystem::is_regular_file(path)) {
     // A weights file inside a checkpoint is checked against the checkpoint's checksums.
-    if (std::filesystem::exists(path.parent_path() / "state.json")) verify_checkpoint(path.parent_path());
+    if (std::filesystem::exists(path.parent_path() / "state.json"))
+      verify_checkpoint(path.parent_path());
     return path;
   }
   if (std::filesystem::exists(path / "state.json")) {
@@ -152,9 +163,10 @@ std::filesystem::path find_weights(const std::filesystem::path& path) {
     verify_checkpoint(*latest);
     return *latest / "model.safetensors";
   }
-  throw UserError(fmt::format("{}: no weights here: give a .safetensors file, a checkpoint directory "
-                              "or a run directory with checkpoints (train first)",
-                              path.string()));
+  throw UserError(
+      fmt::format("{}: no weights here: give a .safetensors file, a checkpoint directory "
+                  "or a run directory with checkpoints (train first)",
+                  path.string()));
 }
 
 }  // namespace mltrain

@@ -26,9 +26,10 @@ class CheckpointStore {
   // to it plus every multiple of keep_every (0: none); checkpoints of later steps, left by a run
   // that was resumed from an earlier one, are not touched. A failed write removes its temporary
   // directory, leaves every saved checkpoint as it was, and throws a runtime error.
-  std::filesystem::path save(const Llama& model, const AdamW& optimizer, const TrainingProgress& progress,
-                             const Config& config, int64_t world_size,
-                             const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
+  std::filesystem::path save(
+      const Llama& model, const AdamW& optimizer, const TrainingProgress& progress,
+      const Config& config, int64_t world_size,
+      const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
 
   // The checkpoint `latest` names, if any.
   std::optional<std::filesystem::path> latest() const;

@@ -1,7 +1,7 @@
 #include "trainer/command_line.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "common/error.h"
 
@@ -14,7 +14,8 @@ Started by mpirun or srun, every process is one rank of a data-parallel run:
   mpirun -n 8 mltrain configs/base.yaml
 )";
 
-const char* const kFooter = "exit codes: 0 success, 1 runtime failure, 2 bad input (config, files, arguments)";
+const char* const kFooter =
+    "exit codes: 0 success, 1 runtime failure, 2 bad input (config, files, arguments)";
 
 // mltrain's arguments, bound to `command_line`: parsing and --help both come from here.
 void define_arguments(CLI::App& app, CommandLine& command_line) {
@@ -25,10 +26,14 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
   app.allow_extras();
   // A repeated option takes its last value, as --set's later overrides win.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("CONFIG.yaml", command_line.config_path, "the run's config")->required()->type_name("");
-  app.add_option("--set", command_line.overrides, "override one config key (repeatable; later ones win)")
+  app.add_option("CONFIG.yaml", command_line.config_path, "the run's config")
+      ->required()
+      ->type_name("");
+  app.add_option("--set", command_line.overrides,
+                 "override one config key (repeatable; later ones win)")
       ->type_name("section.key=value")
-      ->allow_extra_args(false);  // one value per --set, so the config path after it stays the config
+      ->allow_extra_args(
+          false);  // one value per --set, so the config path after it stays the config
   app.add_option("--resume", command_line.resume,
                  "continue training from a checkpoint: auto is the newest in\n"
                  "train.run_dir (none: start fresh), else a checkpoint directory")
@@ -37,11 +42,13 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
                "evaluate trained weights on the validation data and exit: those of\n"
                "--resume (auto: the run's newest checkpoint, or a checkpoint\n"
                "directory or .safetensors file)");
-  app.add_flag("--plot", command_line.plot, "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
+  app.add_flag("--plot", command_line.plot,
+               "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
   app.add_flag("--dry-run", command_line.dry_run,
                "validate the config, build the model, print its parameters and\n"
                "FLOPs per token, and exit");
-  app.add_flag("--dump-config", command_line.dump_config, "print the effective config as YAML and exit");
+  app.add_flag("--dump-config", command_line.dump_config,
+               "print the effective config as YAML and exit");
 }
 
 }  // namespace
@@ -71,8 +78,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   if (config_missing) throw UserError("no config file given (see mltrain --help)");
   if (command_line.eval_only && command_line.resume.empty()) {
-    throw UserError("--eval-only needs trained weights: add --resume auto (the run directory) or "
-                    "--resume PATH");
+    throw UserError(
+        "--eval-only needs trained weights: add --resume auto (the run directory) or "
+        "--resume PATH");
   }
   return command_line;
 }

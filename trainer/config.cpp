@@ -63,10 +63,9 @@ void check_limits(const T& value, const Limits& limits, const std::string& path,
   } else if constexpr (!std::is_same_v<T, bool>) {
     const double number = static_cast<double>(value);
     if (!(number >= limits.min) || !(number <= limits.max)) {
-      const std::string range =
-          limits.max == std::numeric_limits<double>::infinity()
-              ? fmt::format("at least {}", limits.min)
-              : fmt::format("between {} and {}", limits.min, limits.max);
+      const std::string range = limits.max == std::numeric_limits<double>::infinity()
+                                    ? fmt::format("at least {}", limits.min)
+                                    : fmt::format("between {} and {}", limits.min, limits.max);
       throw UserError(fmt::format("{}: {} must be {}, got {}", origin, path, range, value));
     }
   }
@@ -80,8 +79,8 @@ std::string describe(const YAML::Node& node) {
 }
 
 template <class Section, class T>
-KeySpec key(Section Config::*section, T Section::*field, std::string path,
-            std::string description, Limits limits = {}) {
+KeySpec key(Section Config::*section, T Section::*field, std::string path, std::string description,
+            Limits limits = {}) {
   KeySpec spec;
   spec.path = path;
   spec.description = std::move(description);
@@ -100,7 +99,8 @@ KeySpec key(Section Config::*section, T Section::*field, std::string path,
       }
     }
     if (!converted) {
-      throw UserError(fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(), describe(node)));
+      throw UserError(
+          fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(), describe(node)));
     }
     check_limits(value, limits, path, origin);
     config.*section.*field = value;
@@ -113,58 +113,102 @@ KeySpec key(Section Config::*section, T Section::*field, std::string path,
 
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
-      key(&Config::model, &ModelConfig::vocab_size, "model.vocab_size", "tokens in the vocabulary", at_least(1)),
-      key(&Config::model, &ModelConfig::d_model, "model.d_model", "width of the residual stream", at_least(1)),
+      key(&Config::model, &ModelConfig::vocab_size, "model.vocab_size", "tokens in the vocabulary",
+          at_least(1)),
+      key(&Config::model, &ModelConfig::d_model, "model.d_model", "width of the residual stream",
+          at_least(1)),
       key(&Config::model, &ModelConfig::n_layers, "model.n_layers", "decoder blocks", at_least(1)),
-      key(&Config::model, &ModelConfig::n_q_heads, "model.n_q_heads", "query heads per attention layer", at_least(1)),
-      key(&Config::model, &ModelConfig::n_kv_heads, "model.n_kv_heads", "key/value heads (grouped-query attention); divides n_q_heads", at_least(1)),
-      key(&Config::model, &ModelConfig::head_dim, "model.head_dim", "width of one attention head (even)", at_least(2)),
-      key(&Config::model, &ModelConfig::d_ffn, "model.d_ffn", "hidden width of the SwiGLU feed-forward", at_least(1)),
-      key(&Config::model, &ModelConfig::max_seq_len, "model.max_seq_len", "longest sequence the rotary tables cover", at_least(1)),
-      key(&Config::model, &ModelConfig::rope_theta, "model.rope_theta", "rotary embedding base", at_least(1)),
+      key(&Config::model, &ModelConfig::n_q_heads, "model.n_q_heads",
+          "query heads per attention layer", at_least(1)),
+      key(&Config::model, &ModelConfig::n_kv_heads, "model.n_kv_heads",
+          "key/value heads (grouped-query attention); divides n_q_heads", at_least(1)),
+      key(&Config::model, &ModelConfig::head_dim, "model.head_dim",
+          "width of one attention head (even)", at_least(2)),
+      key(&Config::model, &ModelConfig::d_ffn, "model.d_ffn",
+          "hidden width of the SwiGLU feed-forward", at_least(1)),
+      key(&Config::model, &ModelConfig::max_seq_len, "model.max_seq_len",
+          "longest sequence the rotary tables cover", at_least(1)),
+      key(&Config::model, &ModelConfig::rope_theta, "model.rope_theta", "rotary embedding base",
+          at_least(1)),
       key(&Config::model, &ModelConfig::norm_eps, "model.norm_eps", "RMSNorm epsilon", at_least(0)),
-      key(&Config::model, &ModelConfig::tie_word_embeddings, "model.tie_word_embeddings", "output projection shares the embedding matrix"),
-      key(&Config::model, &ModelConfig::init_std, "model.init_std", "standard deviation of the initial weights", at_least(0)),
+      key(&Config::model, &ModelConfig::tie_word_embeddings, "model.tie_word_embeddings",
+          "output projection shares the embedding matrix"),
+      key(&Config::model, &ModelConfig::init_std, "model.init_std",
+          "standard deviation of the initial weights", at_least(0)),
 
       key(&Config::data, &DataConfig::train, "data.train", "glob of training token shards"),
       key(&Config::data, &DataConfig::val, "data.val", "glob of validation token shards"),
-      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer", "SentencePiece model of the shards (empty: none)"),
-      key(&Config::data, &DataConfig::seq_len, "data.seq_len", "tokens per training sequence (<= model.max_seq_len)", at_least(1)),
-      key(&Config::data, &DataConfig::micro_batch, "data.micro_batch", "sequences per rank per forward pass", at_least(1)),
-      key(&Config::data, &DataConfig::grad_accum, "data.grad_accum", "micro-steps accumulated per optimizer step", at_least(1)),
-      key(&Config::data, &DataConfig::seed, "data.seed", "seed of the sample order and the initial weights", at_least(0)),
-      key(&Config::data, &DataConfig::prefetch, "data.prefetch", "batches the loader keeps ready", at_least(1)),
+      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer",
+          "SentencePiece model of the shards (empty: none)"),
+      key(&Config::data, &DataConfig::seq_len, "data.seq_len",
+          "tokens per training sequence (<= model.max_seq_len)", at_least(1)),
+      key(&Config::data, &DataConfig::micro_batch, "data.micro_batch",
+          "sequences per rank per forward pass", at_least(1)),
+      key(&Config::data, &DataConfig::grad_accum, "data.grad_accum",
+          "micro-steps accumulated per optimizer step", at_least(1)),
+      key(&Config::data, &DataConfig::seed, "data.seed",
+          "seed of the sample order and the initial weights", at_least(0)),
+      key(&Config::data, &DataConfig::prefetch, "data.prefetch", "batches the loader keeps ready",
+          at_least(1)),
 
       key(&Config::optim, &OptimConfig::lr, "optim.lr", "peak learning rate", at_least(0)),
-      key(&Config::optim, &OptimConfig::min_lr, "optim.min_lr", "learning rate at the end of the decay", at_least(0)),
-      key(&Config::optim, &OptimConfig::warmup_steps, "optim.warmup_steps", "steps of linear warmup (<= train.max_steps)", at_least(0)),
-      key(&Config::optim, &OptimConfig::schedule, "optim.schedule", "learning-rate schedule after warmup", one_of({"cosine", "constant", "linear", "wsd"})),
-      key(&Config::optim, &OptimConfig::beta1, "optim.beta1", "AdamW first-moment decay", between(0, 1)),
-      key(&Config::optim, &OptimConfig::beta2, "optim.beta2", "AdamW second-moment decay", between(0, 1)),
+      key(&Config::optim, &OptimConfig::min_lr, "optim.min_lr",
+          "learning rate at the end of the decay", at_least(0)),
+      key(&Config::optim, &OptimConfig::warmup_steps, "optim.warmup_steps",
+          "steps of linear warmup (<= train.max_steps)", at_least(0)),
+      key(&Config::optim, &OptimConfig::schedule, "optim.schedule",
+          "learning-rate schedule after warmup", one_of({"cosine", "constant", "linear", "wsd"})),
+      key(&Config::optim, &OptimConfig::beta1, "optim.beta1", "AdamW first-moment decay",
+          between(0, 1)),
+      key(&Config::optim, &OptimConfig::beta2, "optim.beta2", "AdamW second-moment decay",
+          between(0, 1)),
       key(&Config::optim, &OptimConfig::eps, "optim.eps", "AdamW epsilon", at_least(0)),
-      key(&Config::optim, &OptimConfig::weight_decay, "optim.weight_decay", "decoupled weight decay of matrices (not norms)", at_least(0)),
-      key(&Config::optim, &OptimConfig::grad_clip, "optim.grad_clip", "clip the global gradient norm to this (0: off)", at_least(0)),
-      key(&Config::optim, &OptimConfig::decay_fraction, "optim.decay_fraction", "share of all steps the wsd schedule decays over", between(0, 1)),
+      key(&Config::optim, &OptimConfig::weight_decay, "optim.weight_decay",
+          "decoupled weight decay of matrices (not norms)", at_least(0)),
+      key(&Config::optim, &OptimConfig::grad_clip, "optim.grad_clip",
+          "clip the global gradient norm to this (0: off)", at_least(0)),
+      key(&Config::optim, &OptimConfig::decay_fraction, "optim.decay_fraction",
+          "share of all steps the wsd schedule decays over", between(0, 1)),
 
-      key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run", at_least(1)),
-      key(&Config::train, &TrainConfig::precision, "train.precision", "bf16 (autocast, fp32 master weights) or fp32", one_of({"bf16", "fp32"})),
-      key(&Config::train, &TrainConfig::device, "train.device", "auto (CUDA when present), cpu or cuda", one_of({"auto", "cpu", "cuda"})),
-      key(&Config::train, &TrainConfig::threads, "train.threads", "CPU intra-op threads (0: all cores)", at_least(0)),
-      key(&Config::train, &TrainConfig::run_dir, "train.run_dir", "directory of metrics, config and checkpoints"),
-      key(&Config::train, &TrainConfig::log_every, "train.log_every", "steps between progress lines", at_least(1)),
-      key(&Config::train, &TrainConfig::eval_every, "train.eval_every", "steps between validations", at_least(1)),
-      key(&Config::train, &TrainConfig::eval_batches, "train.eval_batches", "validation batches per evaluation (0: all)", at_least(0)),
-      key(&Config::train, &TrainConfig::ckpt_every, "train.ckpt_every", "steps between checkpoints", at_least(1)),
-      key(&Config::train, &TrainConfig::keep_last, "train.keep_last", "checkpoints kept on a rolling basis", at_least(1)),
-      key(&Config::train, &TrainConfig::keep_every, "train.keep_every", "checkpoints at multiples of this step are kept for good (0: none)", at_least(0)),
-      key(&Config::train, &TrainConfig::stop_at, "train.stop_at", "stop with a checkpoint once this many steps are done, to resume later (0: run to max_steps)", at_least(0)),
-      key(&Config::train, &TrainConfig::max_bad_steps, "train.max_bad_steps", "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
+      key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run",
+          at_least(1)),
+      key(&Config::train, &TrainConfig::precision, "train.precision",
+          "bf16 (autocast, fp32 master weights) or fp32", one_of({"bf16", "fp32"})),
+      key(&Config::train, &TrainConfig::device, "train.device",
+          "auto (CUDA when present), cpu or cuda", one_of({"auto", "cpu", "cuda"})),
+      key(&Config::train, &TrainConfig::threads, "train.threads",
+          "CPU intra-op threads (0: all cores)", at_least(0)),
+      key(&Config::train, &TrainConfig::run_dir, "train.run_dir",
+          "directory of metrics, config and checkpoints"),
+      key(&Config::train, &TrainConfig::log_every, "train.log_every",
+          "steps between progress lines", at_least(1)),
+      key(&Config::train, &TrainConfig::eval_every, "train.eval_every", "steps between validations",
+          at_least(1)),
+      key(&Config::train, &TrainConfig::eval_batches, "train.eval_batches",
+          "validation batches per evaluation (0: all)", at_least(0)),
+      key(&Config::train, &TrainConfig::ckpt_every, "train.ckpt_every", "steps between checkpoints",
+          at_least(1)),
+      key(&Config::train, &TrainConfig::keep_last, "train.keep_last",
+          "checkpoints kept on a rolling basis", at_least(1)),
+      key(&Config::train, &TrainConfig::keep_every, "train.keep_every",
+          "checkpoints at multiples of this step are kept for good (0: none)", at_least(0)),
+      key(&Config::train, &TrainConfig::stop_at, "train.stop_at",
+          "stop with a checkpoint once this many steps are done, to resume later (0: run to "
+          "max_steps)",
+          at_least(0)),
+      key(&Config::train, &TrainConfig::max_bad_steps, "train.max_bad_steps",
+          "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
 
-      key(&Config::dist, &DistConfig::backend, "dist.backend", "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
-      key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb", "gradient all-reduce bucket size in MiB", at_least(0.001)),
-      key(&Config::dist, &DistConfig::overlap, "dist.overlap", "all-reduce buckets while backward runs"),
-      key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype", "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
-      key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s", "seconds before a stuck collective is an error", at_least(1)),
+      key(&Config::dist, &DistConfig::backend, "dist.backend",
+          "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
+      key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb",
+          "gradient all-reduce bucket size in MiB", at_least(0.001)),
+      key(&Config::dist, &DistConfig::overlap, "dist.overlap",
+          "all-reduce buckets while backward runs"),
+      key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype",
+          "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
+      key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s",
+          "seconds before a stuck collective is an error", at_least(1)),
   };
   return specs;
 }
@@ -198,7 +242,8 @@ const std::vector<KeyAliases>& key_aliases() {
       {"model.d_model", {"n_embd", "n_embed", "hidden_size", "dim", "embed_dim"}},
       {"model.n_layers", {"n_layer", "num_layers", "num_hidden_layers"}},
       {"model.n_q_heads", {"n_head", "n_heads", "num_heads", "num_attention_heads"}},
-      {"model.n_kv_heads", {"n_kv_head", "num_kv_heads", "num_key_value_heads", "num_query_groups"}},
+      {"model.n_kv_heads",
+       {"n_kv_head", "num_kv_heads", "num_key_value_heads", "num_query_groups"}},
       {"model.d_ffn", {"intermediate_size", "ffn_hidden_size", "ffn_dim", "d_ff", "n_inner"}},
       {"model.max_seq_len", {"max_position_embeddings", "n_positions", "n_ctx"}},
       {"model.rope_theta", {"rope_base", "rotary_base"}},
@@ -208,23 +253,29 @@ const std::vector<KeyAliases>& key_aliases() {
       {"data.train", {"input_bin", "train_data"}},
       {"data.val", {"input_val_bin", "val_data"}},
       {"data.tokenizer", {"tokenizer_path"}},
-      {"data.seq_len", {"block_size", "context_length", "seq_length", "sequence_length", "max_seq_length"}},
-      {"data.micro_batch", {"batch_size", "micro_batch_size", "local_batch_size", "per_device_train_batch_size",
-                            "train_micro_batch_size_per_gpu"}},
-      {"data.grad_accum", {"gradient_accumulation_steps", "grad_accum_steps", "accumulate_grad_batches"}},
+      {"data.seq_len",
+       {"block_size", "context_length", "seq_length", "sequence_length", "max_seq_length"}},
+      {"data.micro_batch",
+       {"batch_size", "micro_batch_size", "local_batch_size", "per_device_train_batch_size",
+        "train_micro_batch_size_per_gpu"}},
+      {"data.grad_accum",
+       {"gradient_accumulation_steps", "grad_accum_steps", "accumulate_grad_batches"}},
       {"data.seed", {"random_seed"}},
       {"optim.lr", {"learning_rate", "max_lr", "peak_lr"}},
       {"optim.min_lr", {"min_learning_rate", "lr_min", "final_lr"}},
       {"optim.warmup_steps", {"warmup_iters", "num_warmup_steps", "lr_warmup_steps", "warmup"}},
-      {"optim.schedule", {"lr_scheduler_type", "lr_scheduler", "lr_schedule", "scheduler", "decay_lr"}},
+      {"optim.schedule",
+       {"lr_scheduler_type", "lr_scheduler", "lr_schedule", "scheduler", "decay_lr"}},
       {"optim.beta1", {"adam_beta1"}},
       {"optim.beta2", {"adam_beta2"}},
       {"optim.eps", {"adam_epsilon", "adam_eps"}},
-      {"optim.grad_clip", {"max_grad_norm", "grad_norm_clip", "clip_grad_norm", "gradient_clipping", "clip_grad",
-                           "max_norm"}},
+      {"optim.grad_clip",
+       {"max_grad_norm", "grad_norm_clip", "clip_grad_norm", "gradient_clipping", "clip_grad",
+        "max_norm"}},
       // The schedule decays until the last step: nanoGPT's lr_decay_iters is mltrain's run length.
-      {"train.max_steps", {"max_iters", "num_iterations", "train_iters", "num_train_steps", "total_steps",
-                           "num_steps", "steps", "lr_decay_iters"}},
+      {"train.max_steps",
+       {"max_iters", "num_iterations", "train_iters", "num_train_steps", "total_steps", "num_steps",
+        "steps", "lr_decay_iters"}},
       {"train.precision", {"dtype", "mixed_precision", "mixed_precision_param", "bf16"}},
       {"train.run_dir", {"out_dir", "output_dir", "dump_folder", "save_dir"}},
       {"train.log_every", {"log_interval", "logging_steps", "log_freq"}},
@@ -253,9 +304,10 @@ std::string key_hint(const std::string& path) {
     return std::string_view(spec.path).substr(spec.path.find('.') + 1) == name;
   });
   if (same_name != specs.end()) return fmt::format("did you mean {}?", same_name->path);
-  const auto nearest = std::min_element(specs.begin(), specs.end(), [&](const KeySpec& a, const KeySpec& b) {
-    return edit_distance(path, a.path) < edit_distance(path, b.path);
-  });
+  const auto nearest =
+      std::min_element(specs.begin(), specs.end(), [&](const KeySpec& a, const KeySpec& b) {
+        return edit_distance(path, a.path) < edit_distance(path, b.path);
+      });
   return fmt::format("did you mean {}?", nearest->path);
 }
 
@@ -278,10 +330,12 @@ void read_file(Config& config, const std::filesystem::path& file) {
   } catch (const YAML::BadFile&) {
     throw UserError(fmt::format("{}: cannot read the config file", file.string()));
   } catch (const YAML::ParserException& error) {
-    throw UserError(fmt::format("{}:{}: not valid YAML: {}", file.string(), error.mark.line + 1, error.msg));
+    throw UserError(
+        fmt::format("{}:{}: not valid YAML: {}", file.string(), error.mark.line + 1, error.msg));
   }
   if (root.IsNull()) return;  // an empty file keeps every default
-  if (!root.IsMap()) throw UserError(fmt::format("{}: expected a mapping of sections", file.string()));
+  if (!root.IsMap())
+    throw UserError(fmt::format("{}: expected a mapping of sections", file.string()));
   for (const auto& section : root) {
     const std::string section_name = section.first.as<std::string>();
     if (!section.second.IsMap()) {

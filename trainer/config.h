@@ -69,7 +69,8 @@ struct Config {
 // Loads `file` over the defaults and applies `overrides` ("section.key=value", later ones win).
 // An unknown key (with the nearest valid key), a value of the wrong type, out of range or
 // inconsistent with another is a UserError naming the file (and line) or the override.
-Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+Config load_config(const std::filesystem::path& file,
+                   const std::vector<std::string>& overrides = {});
 
 // The effective config as YAML that load_config reads back to the same Config.
 std::string config_to_yaml(const Config& config);

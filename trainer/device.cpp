@@ -29,15 +29,17 @@ c10::Device rank_device(const std::string& setting, const World& world) {
   if (!device.is_cuda()) return device;
   const auto visible = static_cast<int64_t>(torch::cuda::device_count());
   if (world.local_rank >= visible) {
-    throw UserError(fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
-                                world.local_size, visible));
+    throw UserError(
+        fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
+                    world.local_size, visible));
   }
   return {c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank)};
 }
 
 std::string describe_device(const c10::Device& device) {
   if (device.is_cpu()) return fmt::format("CPU ({} threads)", at::get_num_threads());
-  return fmt::format("CUDA {}: {}", device.index(), at::cuda::getDeviceProperties(device.index())->name);
+  return fmt::format("CUDA {}: {}", device.index(),
+                     at::cuda::getDeviceProperties(device.index())->name);
 }
 
 double peak_bf16_flops(const c10::Device& device) {
@@ -64,7 +66,8 @@ double peak_bf16_flops(const c10::Device& device) {
 int64_t peak_memory_bytes(const c10::Device& device) {
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .peak;
   }
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);

@@ -16,19 +16,22 @@
 
 namespace mltrain {
 
-Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout, int64_t eval_batches,
-                    c10::Device device, bool bf16, Communicator& communicator) {
+Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
+                    int64_t eval_batches, c10::Device device, bool bf16,
+                    Communicator& communicator) {
   at::NoGradGuard no_grad;
   model->eval();
   double loss_sum = 0.0;
   int64_t tokens = 0;
   const int64_t batches = validation_batches(windows.num_windows(), layout, eval_batches);
   for (int64_t batch = 0; batch < batches; ++batch) {
-    const std::vector<int64_t> indices = validation_windows(windows.num_windows(), layout, batch, communicator.rank());
+    const std::vector<int64_t> indices =
+        validation_windows(windows.num_windows(), layout, batch, communicator.rank());
     if (indices.empty()) continue;
     const at::Tensor window = gather_windows(windows, indices).to(device);
     const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
-    loss_sum += window_loss(model, window, device, bf16).item<double>() * static_cast<double>(batch_tokens);
+    loss_sum +=
+        window_loss(model, window, device, bf16).item<double>() * static_cast<double>(batch_tokens);
     tokens += batch_tokens;
   }
   model->train();
@@ -48,13 +51,16 @@ Evaluation evaluate_weights(const Config& config, const std::filesystem::path& w
   load_model_weights(model, file);
   model->to(device);
   const auto single_rank = make_communicator(World());
-  const Evaluation evaluation = evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
-                                         config.train.eval_batches, device, bf16, *single_rank);
+  const Evaluation evaluation =
+      evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
+               config.train.eval_batches, device, bf16, *single_rank);
   spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
                evaluation.perplexity, evaluation.tokens);
   if (std::filesystem::is_directory(config.train.run_dir)) {
     MetricsLog(std::filesystem::path(config.train.run_dir) / "metrics.jsonl")
-        .write({{"event", "eval_only"}, {"weights", file.string()}, {"val_loss", evaluation.loss},
+        .write({{"event", "eval_only"},
+                {"weights", file.string()},
+                {"val_loss", evaluation.loss},
                 {"val_ppl", evaluation.perplexity}});
   }
   return evaluation;

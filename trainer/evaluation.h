@@ -21,8 +21,9 @@ struct Evaluation {
 // Evaluates the model on the first `eval_batches` validation batches (0: all) in file order, the
 // same windows on every run; each rank takes its slice and the sums are combined over the ranks.
 // Gradients are off; bf16 autocast follows `bf16`.
-Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout, int64_t eval_batches,
-                    c10::Device device, bool bf16, Communicator& communicator);
+Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
+                    int64_t eval_batches, c10::Device device, bool bf16,
+                    Communicator& communicator);
 
 // Loads weights (see find_weights), evaluates them on the validation windows, logs the loss and
 // perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory exists); writes

@@ -38,7 +38,8 @@ void draw_loss_curve(const std::filesystem::path& run_dir) {
   const auto train_file = run_dir / "loss_train.dat";
   const auto val_file = run_dir / "loss_val.dat";
   const auto script_file = run_dir / "loss.gnuplot";
-  for (const auto& [file, points] : {std::pair{train_file, &train_points}, std::pair{val_file, &val_points}}) {
+  for (const auto& [file, points] :
+       {std::pair{train_file, &train_points}, std::pair{val_file, &val_points}}) {
     std::ofstream out(file);
     for (const auto& [step, loss] : *points) out << step << ' ' << loss << '\n';
   }
@@ -46,8 +47,10 @@ void draw_loss_curve(const std::filesystem::path& run_dir) {
       "set terminal pngcairo size 900,540\n"
       "set output '{}'\n"
       "set title 'mltrain: {}'\nset xlabel 'step'\nset ylabel 'loss (nats per token)'\nset grid\n"
-      "plot '{}' using 1:2 with lines title 'train', '{}' using 1:2 with linespoints title 'validation'\n",
-      (run_dir / "loss.png").string(), run_dir.filename().string(), train_file.string(), val_file.string());
+      "plot '{}' using 1:2 with lines title 'train', '{}' using 1:2 with linespoints title "
+      "'validation'\n",
+      (run_dir / "loss.png").string(), run_dir.filename().string(), train_file.string(),
+      val_file.string());
   const int status = std::system(fmt::format("gnuplot '{}' 2>&1", script_file.string()).c_str());
   for (const auto& file : {train_file, val_file, script_file}) std::filesystem::remove(file);
   if (status == 0) {

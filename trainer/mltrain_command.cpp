@@ -32,7 +32,8 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
     } else if (command_line.plot) {
       draw_loss_curve(config.train.run_dir);
     } else if (command_line.eval_only) {
-      evaluate_weights(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
+      evaluate_weights(config,
+                       command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
     } else {
       train(config, command_line.resume, world, hooks);
     }

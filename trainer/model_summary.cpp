@@ -37,7 +37,8 @@ std::string parameter_table(const Llama& model) {
     if (module == "token_embeddings" && model->config().tie_word_embeddings) {
       module += " (= lm_head)";
     }
-    auto row = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.module == module; });
+    auto row =
+        std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.module == module; });
     if (row == rows.end()) row = rows.insert(rows.end(), Row{module, item.value().sizes().vec()});
     row->copies += 1;
     row->count += item.value().numel();

@@ -33,8 +33,9 @@ at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device devic
 bool use_bf16_autocast(const std::string& precision, c10::Device device) {
   if (precision != "bf16") return false;
   if (device.is_cpu()) {
-    spdlog::warn("train.precision bf16 on the CPU: autocast runs, but most CPUs lack native bf16 "
-                 "and run it slower than fp32 (set train.precision: fp32)");
+    spdlog::warn(
+        "train.precision bf16 on the CPU: autocast runs, but most CPUs lack native bf16 "
+        "and run it slower than fp32 (set train.precision: fp32)");
   }
   return true;
 }

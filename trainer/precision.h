@@ -1,7 +1,7 @@
 #pragma once
 
-#include <c10/core/Device.h>
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <string>

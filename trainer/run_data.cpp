@@ -24,9 +24,10 @@ void check_tokenizer(const Config& config) {
   const std::string& path = config.data.tokenizer;
   if (path.empty()) return;
   if (path == DataConfig{}.tokenizer && !std::filesystem::exists(path)) {
-    spdlog::info("{}: no tokenizer there (the default data.tokenizer); training reads token shards and "
-                 "needs none, but mlgen will",
-                 path);
+    spdlog::info(
+        "{}: no tokenizer there (the default data.tokenizer); training reads token shards and "
+        "needs none, but mlgen will",
+        path);
     return;
   }
   const Tokenizer tokenizer(path);
@@ -38,11 +39,12 @@ void check_tokenizer(const Config& config) {
 
 void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows) {
   if (layout.global_batch() <= train_windows.num_windows()) return;
-  throw UserError(fmt::format("a global batch of {} windows (data.micro_batch {} x data.grad_accum {} x {} "
-                              "ranks) is more than the {} windows of the training data: lower "
-                              "data.micro_batch or data.grad_accum, or add data",
-                              layout.global_batch(), layout.micro_batch, layout.grad_accum,
-                              layout.world_size, train_windows.num_windows()));
+  throw UserError(
+      fmt::format("a global batch of {} windows (data.micro_batch {} x data.grad_accum {} x {} "
+                  "ranks) is more than the {} windows of the training data: lower "
+                  "data.micro_batch or data.grad_accum, or add data",
+                  layout.global_batch(), layout.micro_batch, layout.grad_accum, layout.world_size,
+                  train_windows.num_windows()));
 }
 
 }  // namespace mltrain

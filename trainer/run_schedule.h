@@ -16,7 +16,8 @@ class RunSchedule {
   RunSchedule(const TrainConfig& train, int64_t steps_done)
       : train_(train),
         first_step_(steps_done + 1),
-        last_step_(train.stop_at > 0 ? std::min(train.stop_at, train.max_steps) : train.max_steps) {}
+        last_step_(train.stop_at > 0 ? std::min(train.stop_at, train.max_steps) : train.max_steps) {
+  }
 
   int64_t first_step() const { return first_step_; }
   // The step this run ends after: train.stop_at when it comes before train.max_steps.
@@ -29,8 +30,12 @@ class RunSchedule {
   bool log_now(int64_t step) const {
     return step == first_step_ || step % train_.log_every == 0 || step == train_.max_steps;
   }
-  bool evaluate_now(int64_t step) const { return step % train_.eval_every == 0 || step == train_.max_steps; }
-  bool checkpoint_now(int64_t step) const { return step % train_.ckpt_every == 0 || step == last_step_; }
+  bool evaluate_now(int64_t step) const {
+    return step % train_.eval_every == 0 || step == train_.max_steps;
+  }
+  bool checkpoint_now(int64_t step) const {
+    return step % train_.ckpt_every == 0 || step == last_step_;
+  }
 
  private:
   TrainConfig train_;

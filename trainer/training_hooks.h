@@ -14,7 +14,8 @@ namespace mltrain {
 // and the shipped binaries never set one.
 struct TrainingHooks {
   // After step `step` (counted from 1) has averaged its gradients, before they are clipped.
-  std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& parameters)> after_gradients;
+  std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& parameters)>
+      after_gradients;
   // While a checkpoint is written into `directory`, once its weights file is complete and before
   // the rest: a hook that throws fails the save, one that kills the process leaves it half-written.
   std::function<void(const std::filesystem::path& directory)> during_checkpoint_write;

@@ -57,7 +57,8 @@ struct StepResult {
 // One training run, from set-up to the last step.
 class TrainingRun {
  public:
-  TrainingRun(const Config& config, const std::string& resume, const World& world, const TrainingHooks& hooks);
+  TrainingRun(const Config& config, const std::string& resume, const World& world,
+              const TrainingHooks& hooks);
   void run();
 
  private:
@@ -108,7 +109,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       device_(rank_device(config.train.device, world)),
       bf16_(use_bf16_autocast(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
-      communicator_(make_communicator(world, device_, config.dist.backend, static_cast<double>(config.dist.timeout_s))),
+      communicator_(make_communicator(world, device_, config.dist.backend,
+                                      static_cast<double>(config.dist.timeout_s))),
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
@@ -124,18 +126,21 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   model_ = Llama(config.model);
   model_->to(device_);
   parameters_ = model_->parameters();
-  flops_per_token_ = training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
-  optimizer_ = std::make_unique<AdamW>(
-      hf_named_parameters(model_),
-      AdamWOptions{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay});
-  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) progress_ = *resumed;
+  flops_per_token_ =
+      training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
+  optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_),
+                                       AdamWOptions{config.optim.beta1, config.optim.beta2,
+                                                    config.optim.eps, config.optim.weight_decay});
+  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config))
+    progress_ = *resumed;
   schedule_.emplace(config.train, progress_.step);
   agree_across_ranks();
-  reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb, kFirstBucketMb,
-                                           config.dist.overlap, config.dist.grad_dtype == "bf16" && world.size > 1);
-  loader_ = std::make_unique<Loader>(train_windows_,
-                                     Sampler(train_windows_.num_windows(), config.data.seed, layout_),
-                                     world.rank, progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
+  reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb,
+                                           kFirstBucketMb, config.dist.overlap,
+                                           config.dist.grad_dtype == "bf16" && world.size > 1);
+  loader_ = std::make_unique<Loader>(
+      train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,
+      progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
   if (leader_) {
     write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
     metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
@@ -147,30 +152,40 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
 void TrainingRun::agree_across_ranks() {
   if (world_.size == 1) return;
   const std::string yaml = config_to_yaml(config_);
-  const at::Tensor config_bytes = at::from_blob(const_cast<char*>(yaml.data()), {static_cast<int64_t>(yaml.size())}, at::kByte);
+  const at::Tensor config_bytes =
+      at::from_blob(const_cast<char*>(yaml.data()), {static_cast<int64_t>(yaml.size())}, at::kByte);
   if (!same_on_all_ranks({config_bytes}, *communicator_)) {
-    throw UserError("the ranks were given different configs: start every rank with the same file and --set");
+    throw UserError(
+        "the ranks were given different configs: start every rank with the same file and --set");
   }
   at::NoGradGuard no_grad;
   for (const at::Tensor& parameter : parameters_) communicator_->broadcast(parameter, 0);
   if (!same_on_all_ranks(parameters_, *communicator_)) {
     throw std::runtime_error("the ranks' weights differ after rank 0's were broadcast");
   }
-  spdlog::info("{} ranks agree on the config; rank 0's {} weights broadcast", world_.size, model_->num_parameters());
+  spdlog::info("{} ranks agree on the config; rank 0's {} weights broadcast", world_.size,
+               model_->num_parameters());
 }
 
 void TrainingRun::announce() {
   const int64_t max_steps = schedule_->max_steps();
-  spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
-               model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
-               bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
-  spdlog::info("{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the training data",
-               max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
-               static_cast<double>(max_steps * layout_.global_batch()) / train_windows_.num_windows());
+  spdlog::info(
+      "model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
+      model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
+      bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
+  spdlog::info(
+      "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
+      "training data",
+      max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
+      static_cast<double>(max_steps * layout_.global_batch()) / train_windows_.num_windows());
   if (leader_) {
-    metrics_->write({{"event", "start"}, {"step", progress_.step}, {"max_steps", max_steps},
-                     {"parameters", model_->num_parameters()}, {"tokens_per_step", tokens_per_step_},
-                     {"world_size", world_.size}, {"device", describe_device(device_)}});
+    metrics_->write({{"event", "start"},
+                     {"step", progress_.step},
+                     {"max_steps", max_steps},
+                     {"parameters", model_->num_parameters()},
+                     {"tokens_per_step", tokens_per_step_},
+                     {"world_size", world_.size},
+                     {"device", describe_device(device_)}});
   }
 }
 
@@ -187,14 +202,15 @@ void TrainingRun::run() {
     if (any_rank_asked_to_stop()) {
       const auto path = save_checkpoint();
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
-                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank", step,
-                   path.string());
+                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
+                   step, path.string());
       return;
     }
     if (schedule_->checkpoint_now(step)) save_checkpoint();
   }
   if (schedule_->stops_early()) {
-    spdlog::info("stopped at train.stop_at = {}; continue with --resume auto", schedule_->last_step());
+    spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
+                 schedule_->last_step());
     return;
   }
   spdlog::info("trained {} steps in {}", schedule_->max_steps() - schedule_->first_step() + 1,
@@ -242,15 +258,20 @@ double TrainingRun::accumulate_gradients() {
 // train.max_bad_steps non-finite steps in a row stop the run: the data or the settings are bad.
 void TrainingRun::skip_nonfinite_step(int64_t step, const StepResult& result) {
   ++bad_steps_in_a_row_;
-  spdlog::warn("step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
-               "train.max_bad_steps = {})",
-               step, result.loss, result.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
-  if (leader_) metrics_->write({{"step", step}, {"skipped", true}, {"loss", result.loss}, {"grad_norm", result.grad_norm}});
+  spdlog::warn(
+      "step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
+      "train.max_bad_steps = {})",
+      step, result.loss, result.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
+  if (leader_)
+    metrics_->write({{"step", step},
+                     {"skipped", true},
+                     {"loss", result.loss},
+                     {"grad_norm", result.grad_norm}});
   if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
   const auto latest = checkpoints_.latest();
-  throw std::runtime_error(fmt::format("{} non-finite steps in a row: stopping; the last good checkpoint is {}",
-                                       bad_steps_in_a_row_,
-                                       latest ? latest->string() : "none (no checkpoint was saved yet)"));
+  throw std::runtime_error(fmt::format(
+      "{} non-finite steps in a row: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
+      latest ? latest->string() : "none (no checkpoint was saved yet)"));
 }
 
 void TrainingRun::record_step(int64_t step, const StepResult& result) {
@@ -266,30 +287,39 @@ void TrainingRun::log_step(int64_t step, const StepResult& result) {
   const double flops = flops_per_token_ * tokens_per_s;
   const double peak_flops = peak_bf16_flops(device_) * world_.size;
   const int64_t timed_steps = step - schedule_->first_step();
-  const double mean_step = timed_steps > 0 ? timed_seconds_ / static_cast<double>(timed_steps) : result.seconds;
+  const double mean_step =
+      timed_steps > 0 ? timed_seconds_ / static_cast<double>(timed_steps) : result.seconds;
   const auto steps_left = static_cast<double>(schedule_->last_step() - step);
   const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
                                            : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
-  spdlog::info("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
-               "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-               step, schedule_->max_steps(), result.loss, result.lr, result.grad_norm, result.seconds * 1e3,
-               result.data_ms, tokens_per_s, speed, peak_memory_bytes(device_) / 1e9,
-               duration_text(mean_step * steps_left));
+  spdlog::info(
+      "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
+      "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
+      step, schedule_->max_steps(), result.loss, result.lr, result.grad_norm, result.seconds * 1e3,
+      result.data_ms, tokens_per_s, speed, peak_memory_bytes(device_) / 1e9,
+      duration_text(mean_step * steps_left));
   if (leader_) {
-    metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
-                     {"step_ms", result.seconds * 1e3}, {"data_ms", result.data_ms}, {"tokens_per_s", tokens_per_s},
-                     {"flops_per_s", flops}, {"elapsed_s", seconds_since(start_)}});
+    metrics_->write({{"step", step},
+                     {"loss", result.loss},
+                     {"lr", result.lr},
+                     {"grad_norm", result.grad_norm},
+                     {"step_ms", result.seconds * 1e3},
+                     {"data_ms", result.data_ms},
+                     {"tokens_per_s", tokens_per_s},
+                     {"flops_per_s", flops},
+                     {"elapsed_s", seconds_since(start_)}});
   }
 }
 
 void TrainingRun::evaluate_now(int64_t step) {
-  const Evaluation evaluation =
-      evaluate(model_, val_windows_, layout_, config_.train.eval_batches, device_, bf16_, *communicator_);
+  const Evaluation evaluation = evaluate(model_, val_windows_, layout_, config_.train.eval_batches,
+                                         device_, bf16_, *communicator_);
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
   spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
                evaluation.perplexity, evaluation.tokens);
   if (leader_) {
-    metrics_->write({{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
+    metrics_->write(
+        {{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
   }
 }
 
@@ -297,12 +327,13 @@ void TrainingRun::evaluate_now(int64_t step) {
 // ranks check that they still hold the same weights, as data parallelism promises.
 std::filesystem::path TrainingRun::save_checkpoint() {
   if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
-    throw std::runtime_error(fmt::format("the ranks' weights differ at step {}: data-parallel training diverged",
-                                         progress_.step));
+    throw std::runtime_error(fmt::format(
+        "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
   std::filesystem::path path;  // known to rank 0, the one that reports it
   if (leader_) {
-    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size, hooks_.during_checkpoint_write);
+    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size,
+                             hooks_.during_checkpoint_write);
     spdlog::info("checkpoint: {}", path.string());
   }
   communicator_->all_reduce_sum(0.0);
@@ -317,7 +348,8 @@ bool TrainingRun::any_rank_asked_to_stop() {
 
 }  // namespace
 
-void train(const Config& config, const std::string& resume, const World& world, const TrainingHooks& hooks) {
+void train(const Config& config, const std::string& resume, const World& world,
+           const TrainingHooks& hooks) {
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   TrainingRun(config, resume, world, hooks).run();
 }

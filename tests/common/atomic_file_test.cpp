@@ -48,7 +48,8 @@ TEST(AtomicFileWriter, UncreatableFileNamesThePath) {
     AtomicFileWriter writer(target);
     FAIL() << "expected an error";
   } catch (const std::runtime_error& error) {
-    EXPECT_NE(std::string(error.what()).find("missing-directory"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("missing-directory"), std::string::npos)
+        << error.what();
   }
 }
 

@@ -15,7 +15,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-
 // Real text from Debian packages that setup.sh installs: English and Chinese fortunes.
 const std::vector<std::filesystem::path> kFortunes = {"/usr/share/games/fortunes/computers",
                                                       "/usr/share/games/fortunes/tang300"};
@@ -78,7 +77,8 @@ TEST(CorpusPrep, ReadsTheThreeDocumentFormats) {
   testing::write_text(dir / "b.txt", "a whole file\n");
   EXPECT_EQ(read_documents({dir / "a.txt", dir / "b.txt"}, DocumentFormat::kText),
             (std::vector<std::string>{"first doc\nline two", "second doc", "a whole file"}));
-  testing::write_text(dir / "c.jsonl", "{\"text\": \"one\\ntwo\", \"id\": 1}\n\n{\"text\": \"three\"}\n");
+  testing::write_text(dir / "c.jsonl",
+                      "{\"text\": \"one\\ntwo\", \"id\": 1}\n\n{\"text\": \"three\"}\n");
   EXPECT_EQ(read_documents({dir / "c.jsonl"}, DocumentFormat::kJsonl),
             (std::vector<std::string>{"one\ntwo", "three"}));
   testing::write_text(dir / "d", "A fortune.\n%\nAnother,\n  \x1b[33mindented\x1b[m.\n%\n");
@@ -93,7 +93,8 @@ TEST(CorpusPrep, BadInputsAreNamed) {
     read_documents({dir / "bad.jsonl"}, DocumentFormat::kJsonl);
     FAIL();
   } catch (const UserError& error) {
-    EXPECT_CONTAINS(std::string(error.what()), "bad.jsonl:2: expected a JSON object with a \"text\" string");
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "bad.jsonl:2: expected a JSON object with a \"text\" string");
   }
   try {
     read_documents({dir / "missing.txt"}, DocumentFormat::kText);

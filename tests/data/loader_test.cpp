@@ -29,7 +29,8 @@ TEST(Loader, DeliversTheSamplersWindowsInTrainingOrder) {
       ASSERT_EQ(batch.tokens.sizes(), (std::vector<int64_t>{3, 17}));
       for (int64_t row = 0; row < 3; ++row) {
         // Window w of a counting shard holds 16 w, 16 w + 1, ..., 16 w + 16.
-        EXPECT_TRUE(at::equal(batch.tokens[row], at::arange(16 * indices[row], 16 * indices[row] + 17)))
+        EXPECT_TRUE(
+            at::equal(batch.tokens[row], at::arange(16 * indices[row], 16 * indices[row] + 17)))
             << "step " << step << " micro " << micro << " row " << row;
       }
     }

@@ -48,7 +48,8 @@ TEST(Sampler, AStepReadsTheSameWindowsOnAnyWorldSize) {
   Sampler one(n, 3, {.micro_batch = 8, .grad_accum = 2, .world_size = 1});
   Sampler two(n, 3, {.micro_batch = 4, .grad_accum = 2, .world_size = 2});
   Sampler four(n, 3, {.micro_batch = 2, .grad_accum = 2, .world_size = 4});
-  for (int64_t start : {int64_t{0}, int64_t{16}, int64_t{4992}, int64_t{16 * 400}}) {  // 4992: spans epochs
+  for (int64_t start :
+       {int64_t{0}, int64_t{16}, int64_t{4992}, int64_t{16 * 400}}) {  // 4992: spans epochs
     auto a = step_windows(one, start), b = step_windows(two, start), c = step_windows(four, start);
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
@@ -62,7 +63,8 @@ TEST(Sampler, ResumingFromACountContinuesTheSameSequence) {
   const BatchLayout layout{.micro_batch = 4, .grad_accum = 3, .world_size = 2};
   Sampler unbroken(777, 11, layout);
   std::vector<std::vector<int64_t>> expected;
-  for (int64_t start = 0; start < 100 * 24; start += 24) expected.push_back(step_windows(unbroken, start));
+  for (int64_t start = 0; start < 100 * 24; start += 24)
+    expected.push_back(step_windows(unbroken, start));
   Sampler resumed(777, 11, layout);  // a new process that only knows the count, 37 steps in
   for (int64_t step = 37; step < 100; ++step) {
     EXPECT_EQ(step_windows(resumed, step * 24), expected[step]) << "step " << step;

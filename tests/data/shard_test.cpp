@@ -18,7 +18,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-
 // A shard written by hand from llm.c's documented layout, not by write_shard.
 template <class Token>
 void write_llmc_shard(const std::filesystem::path& path, int32_t magic, int32_t version,
@@ -84,7 +83,8 @@ TEST(Shard, WriterPicksTheNarrowestTypeAndRoundTrips) {
 
   // The header, read back as plain int32s.
   std::array<int32_t, 3> header{};
-  std::ifstream(dir / "large.bin", std::ios::binary).read(reinterpret_cast<char*>(header.data()), 12);
+  std::ifstream(dir / "large.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(header.data()), 12);
   EXPECT_EQ(header, (std::array<int32_t, 3>{20240801, 7, 1000}));
 }
 
@@ -92,16 +92,19 @@ TEST(Shard, DamagedShardsNameTheFileAndTheProblem) {
   TemporaryDirectory dir;
   const std::vector<uint16_t> tokens = {1, 2, 3, 4};
   write_llmc_shard(dir / "magic.bin", 12345, 1, tokens, 4);
-  EXPECT_CONTAINS(open_error(dir / "magic.bin"), "magic.bin: offset 0: magic 12345 is not a token shard's");
+  EXPECT_CONTAINS(open_error(dir / "magic.bin"),
+                  "magic.bin: offset 0: magic 12345 is not a token shard's");
   write_llmc_shard(dir / "version.bin", 20240520, 3, tokens, 4);
   EXPECT_CONTAINS(open_error(dir / "version.bin"), "version.bin: offset 4: unknown version 3");
   write_llmc_shard(dir / "truncated.bin", 20240520, 1, tokens, 5);
-  EXPECT_CONTAINS(open_error(dir / "truncated.bin"), "truncated.bin: offset 8: the header counts 5 tokens");
+  EXPECT_CONTAINS(open_error(dir / "truncated.bin"),
+                  "truncated.bin: offset 8: the header counts 5 tokens");
   EXPECT_CONTAINS(open_error(dir / "truncated.bin"), "(truncated)");
   write_llmc_shard(dir / "long.bin", 20240520, 1, tokens, 3);
   EXPECT_CONTAINS(open_error(dir / "long.bin"), "(longer than its count)");
   std::ofstream(dir / "tiny.bin") << "abc";
-  EXPECT_CONTAINS(open_error(dir / "tiny.bin"), "tiny.bin: 3 bytes is shorter than the 1024-byte shard header");
+  EXPECT_CONTAINS(open_error(dir / "tiny.bin"),
+                  "tiny.bin: 3 bytes is shorter than the 1024-byte shard header");
   EXPECT_CONTAINS(open_error(dir / "absent.bin"), "absent.bin: cannot open token shard");
 }
 
@@ -110,7 +113,8 @@ TEST(Shard, OutOfRangeTokenNamesItsOffset) {
   const std::vector<uint16_t> tokens = {1, 2, 4096, 4};
   write_llmc_shard(dir / "ids.bin", 20240520, 1, tokens, 4);
   const std::string message = open_error(dir / "ids.bin", 4096);
-  EXPECT_CONTAINS(message, "ids.bin: offset 1028: token 4096 (index 2) is not below the vocabulary size 4096");
+  EXPECT_CONTAINS(
+      message, "ids.bin: offset 1028: token 4096 (index 2) is not below the vocabulary size 4096");
   EXPECT_EQ(open_error(dir / "ids.bin", 4097), "");
 }
 
@@ -128,7 +132,8 @@ TEST(Shard, ShardsOverFourGibibytesWork) {
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::pwrite(fd, header.data(), sizeof(header), 0), static_cast<ssize_t>(sizeof(header)));
     const uint32_t marks[2] = {77, 99};
-    ASSERT_EQ(::pwrite(fd, marks, sizeof(marks), 1024 + (count - 2) * 4), static_cast<ssize_t>(sizeof(marks)));
+    ASSERT_EQ(::pwrite(fd, marks, sizeof(marks), 1024 + (count - 2) * 4),
+              static_cast<ssize_t>(sizeof(marks)));
     ::close(fd);
   }
   const ShardReader shard(path, 100);

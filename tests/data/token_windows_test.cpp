@@ -12,7 +12,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-
 void write_counting_shard(const std::filesystem::path& path, uint32_t first, size_t count) {
   std::vector<uint32_t> tokens(count);
   std::iota(tokens.begin(), tokens.end(), first);
@@ -47,10 +46,12 @@ TEST(TokenWindows, WindowsOverlapByOneTokenAndNeverCrossAShardEnd) {
 
 TEST(TokenWindows, BadInputsNameThePatternOrTheFile) {
   TemporaryDirectory dir;
-  EXPECT_CONTAINS(windows_error((dir / "none_*.bin").string(), 8), "no token shards match " + (dir / "none_*.bin").string());
+  EXPECT_CONTAINS(windows_error((dir / "none_*.bin").string(), 8),
+                  "no token shards match " + (dir / "none_*.bin").string());
   write_counting_shard(dir / "short_000000.bin", 0, 8);
-  EXPECT_CONTAINS(windows_error((dir / "short_*.bin").string(), 8),
-                  "short_000000.bin: 8 tokens are fewer than one window of data.seq_len + 1 = 9 tokens");
+  EXPECT_CONTAINS(
+      windows_error((dir / "short_*.bin").string(), 8),
+      "short_000000.bin: 8 tokens are fewer than one window of data.seq_len + 1 = 9 tokens");
   EXPECT_EQ(windows_error((dir / "short_*.bin").string(), 7), "");
 }
 

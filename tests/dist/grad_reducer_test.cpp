@@ -19,8 +19,10 @@ TEST(GradReducer, PacksParametersInReverseOrderIntoSizedBuckets) {
   const World world;
   const auto communicator = make_communicator(world);
   // 1 MiB = 262,144 fp32 values. Reversed, the sizes are 100k, 200k, 300k, 50k, 400k, 150k.
-  const auto parameters = parameters_of_sizes({150'000, 400'000, 50'000, 300'000, 200'000, 100'000});
-  GradReducer reducer(parameters, *communicator, /*bucket_mb=*/2.0, /*first_bucket_mb=*/1.0, /*overlap=*/true);
+  const auto parameters =
+      parameters_of_sizes({150'000, 400'000, 50'000, 300'000, 200'000, 100'000});
+  GradReducer reducer(parameters, *communicator, /*bucket_mb=*/2.0, /*first_bucket_mb=*/1.0,
+                      /*overlap=*/true);
   // First bucket up to 1 MiB: 100k + 200k would pass it, so 100k alone; then up to 2 MiB (524,288
   // values): 200k + 300k; then 50k + 400k; then 150k. Each gradient is a view of its bucket: the
   // gradients of one bucket share a storage of the bucket's size, each at its offset.

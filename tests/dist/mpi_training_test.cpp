@@ -69,7 +69,8 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
     const NamedTensors single = final_weights(directory, "one_rank");
     for (const auto& [name, tensor] : overlapped) {
       EXPECT_TRUE(at::equal(tensor, sequential.at(name))) << name << ": overlap on and off differ";
-      EXPECT_LE(testing::relative_error(tensor, single.at(name)), 1e-6) << name << ": two ranks and one differ";
+      EXPECT_LE(testing::relative_error(tensor, single.at(name)), 1e-6)
+          << name << ": two ranks and one differ";
     }
   }
 }

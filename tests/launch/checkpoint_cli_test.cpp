@@ -49,8 +49,9 @@ TEST(CheckpointCli, EvalOnlyAndMlgenRefuseCorruptedWeights) {
   const auto weights = dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors";
   const std::string original = corrupt(weights);
   const std::string corrupted = testing::read_text(weights);
-  for (const std::string& resume : {std::string("auto"), (dir / "run" / "checkpoints" / "step_00000004").string(),
-                                    weights.string()}) {
+  for (const std::string& resume :
+       {std::string("auto"), (dir / "run" / "checkpoints" / "step_00000004").string(),
+        weights.string()}) {
     const CommandResult evaluated = run("mltrain", config + " --eval-only --resume " + resume);
     EXPECT_EQ(evaluated.exit_code, kExitUserError) << evaluated.output;
     EXPECT_CONTAINS(evaluated.output, "model.safetensors: checksum mismatch");
@@ -72,12 +73,14 @@ TEST(CheckpointCli, ADamagedNewestCheckpointNamesTheIntactOlderOne) {
   const std::string config = trained_run(dir);
   const auto checkpoints = dir / "run" / "checkpoints";
   corrupt(checkpoints / "step_00000004" / "optimizer.safetensors");
-  const std::string older_weights = testing::read_text(checkpoints / "step_00000002" / "model.safetensors");
+  const std::string older_weights =
+      testing::read_text(checkpoints / "step_00000002" / "model.safetensors");
   const CommandResult resumed = run("mltrain", config + " --resume auto --set train.max_steps=6");
   EXPECT_EQ(resumed.exit_code, kExitUserError) << resumed.output;
   EXPECT_CONTAINS(resumed.output, "step_00000004/optimizer.safetensors: checksum mismatch");
-  EXPECT_CONTAINS(resumed.output, "the older checkpoint step_00000002 is intact: continue from it with --resume " +
-                                      (checkpoints / "step_00000002").string());
+  EXPECT_CONTAINS(resumed.output,
+                  "the older checkpoint step_00000002 is intact: continue from it with --resume " +
+                      (checkpoints / "step_00000002").string());
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
 
   // The command it names works.
@@ -93,13 +96,16 @@ TEST(CheckpointCli, ABatchLargerThanTheTrainingDataIsOneLineAndExitTwo) {
   TemporaryDirectory dir;
   Config config = testing::tiny_run(dir.path());
   testing::write_text(dir / "run.yaml", config_to_yaml(config));
-  const CommandResult oversized = run("mltrain", (dir / "run.yaml").string() + " --set data.micro_batch=100000000");
+  const CommandResult oversized =
+      run("mltrain", (dir / "run.yaml").string() + " --set data.micro_batch=100000000");
   EXPECT_EQ(oversized.exit_code, kExitUserError) << oversized.output;
   // 20000 training tokens make (20000 - 1) / seq_len 16 = 1249 windows.
-  EXPECT_CONTAINS(oversized.output, "a global batch of 200000000 windows (data.micro_batch 100000000 x "
-                                    "data.grad_accum 2 x 1 ranks) is more than the 1249 windows of the "
-                                    "training data");
-  EXPECT_LE(lines(oversized.output), 3u) << "the train and val data lines, then the error: " << oversized.output;
+  EXPECT_CONTAINS(oversized.output,
+                  "a global batch of 200000000 windows (data.micro_batch 100000000 x "
+                  "data.grad_accum 2 x 1 ranks) is more than the 1249 windows of the "
+                  "training data");
+  EXPECT_LE(lines(oversized.output), 3u)
+      << "the train and val data lines, then the error: " << oversized.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 

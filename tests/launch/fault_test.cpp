@@ -20,7 +20,6 @@ namespace {
 using testing::run_command;
 using testing::TemporaryDirectory;
 
-
 // A config file for the tiny run, with a constant schedule so that runs of different lengths
 // share their learning rates step by step.
 std::string write_config(const TemporaryDirectory& dir, int64_t max_steps) {
@@ -34,11 +33,14 @@ std::string write_config(const TemporaryDirectory& dir, int64_t max_steps) {
   return path.string();
 }
 
-std::string mltrain(const std::string& arguments) { return std::string(MLTRAIN_BIN_DIR) + "/mltrain " + arguments; }
+std::string mltrain(const std::string& arguments) {
+  return std::string(MLTRAIN_BIN_DIR) + "/mltrain " + arguments;
+}
 
 // mltrain_faults with MLTRAIN_FAULT=fault.
 std::string mltrain_with_fault(const std::string& fault, const std::string& arguments) {
-  return "MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " + arguments;
+  return "MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
+         arguments;
 }
 
 int64_t last_logged_step(const std::filesystem::path& metrics) {
@@ -72,14 +74,16 @@ TEST(Faults, SigtermCheckpointsExitsZeroAndResumesToTheUnbrokenWeights) {
   run.signal(SIGTERM);
   ASSERT_EQ(run.wait(), 0) << testing::read_text(dir / "log.txt");
   EXPECT_CONTAINS(testing::read_text(dir / "log.txt"), "stopped by Terminated");
-  const int64_t stopped = std::stoll(testing::read_text(dir / "run" / "checkpoints" / "latest").substr(5));
+  const int64_t stopped =
+      std::stoll(testing::read_text(dir / "run" / "checkpoints" / "latest").substr(5));
   ASSERT_GE(stopped, 3);
 
   const std::string target = std::to_string(stopped + 4);
-  const auto resumed = run_command(mltrain(endless + " --resume auto --set train.max_steps=" + target));
+  const auto resumed =
+      run_command(mltrain(endless + " --resume auto --set train.max_steps=" + target));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const auto unbroken = run_command(mltrain(endless + " --set train.max_steps=" + target + " --set train.run_dir=" +
-                                            (dir / "unbroken").string()));
+  const auto unbroken = run_command(mltrain(endless + " --set train.max_steps=" + target +
+                                            " --set train.run_dir=" + (dir / "unbroken").string()));
   ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
   const std::string last = "step_" + std::string(8 - target.size(), '0') + target;
   expect_same_weights(dir / "run" / "checkpoints" / last / "model.safetensors",
@@ -89,9 +93,10 @@ TEST(Faults, SigtermCheckpointsExitsZeroAndResumesToTheUnbrokenWeights) {
 TEST(Faults, SecondInterruptExitsAtOnce) {
   TemporaryDirectory dir;
   // Steps long enough for the second interrupt to land inside the step the first one waits for.
-  testing::BackgroundProcess run(mltrain(write_config(dir, 1000000) +
-                                         " --set model.d_model=256 --set model.d_ffn=1024 --set data.micro_batch=64"),
-                                 dir / "log.txt");
+  testing::BackgroundProcess run(
+      mltrain(write_config(dir, 1000000) +
+              " --set model.d_model=256 --set model.d_ffn=1024 --set data.micro_batch=64"),
+      dir / "log.txt");
   wait_for_step(dir / "run" / "metrics.jsonl", 2);
   run.signal(SIGINT);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -101,7 +106,8 @@ TEST(Faults, SecondInterruptExitsAtOnce) {
   }
   run.signal(SIGINT);
   EXPECT_EQ(run.wait(), 130) << testing::read_text(dir / "log.txt");
-  EXPECT_CONTAINS(testing::read_text(dir / "log.txt"), "second interrupt: exiting without a checkpoint");
+  EXPECT_CONTAINS(testing::read_text(dir / "log.txt"),
+                  "second interrupt: exiting without a checkpoint");
 }
 
 TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {
@@ -111,7 +117,8 @@ TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {
   const auto checkpoints = dir / "run" / "checkpoints";
   const std::string saved = testing::read_text(checkpoints / "step_00000003" / "model.safetensors");
 
-  const auto killed = run_command(mltrain_with_fault("kill-during-checkpoint", config + " --resume auto"));
+  const auto killed =
+      run_command(mltrain_with_fault("kill-during-checkpoint", config + " --resume auto"));
   EXPECT_EQ(killed.exit_code, 128 + SIGKILL) << killed.output;
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006.tmp"));
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006"));
@@ -128,7 +135,8 @@ TEST(Faults, FailingCheckpointWriteExitsOneAndKeepsThePreviousOne) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 6) + " --set train.ckpt_every=3";
   ASSERT_EQ(run_command(mltrain(config + " --set train.stop_at=3")).exit_code, 0);
-  const auto failed = run_command(mltrain_with_fault("fail-checkpoint-write", config + " --resume auto"));
+  const auto failed =
+      run_command(mltrain_with_fault("fail-checkpoint-write", config + " --resume auto"));
   EXPECT_EQ(failed.exit_code, kExitRuntimeFailure);
   EXPECT_CONTAINS(failed.output, "saving the checkpoint of step 6 failed");
   EXPECT_CONTAINS(failed.output, "No space left on device");
@@ -143,33 +151,42 @@ TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
                                mltrain(write_config(dir, 6)));
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.output.find("skipped"), std::string::npos) << run.output;
-  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006" / "state.json"));
+  EXPECT_TRUE(
+      std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006" / "state.json"));
 }
 
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   TemporaryDirectory dir;
-  const std::string config = write_config(dir, 8) + " --set train.ckpt_every=2 --set train.max_bad_steps=3";
+  const std::string config =
+      write_config(dir, 8) + " --set train.ckpt_every=2 --set train.max_bad_steps=3";
   const auto one_bad = run_command(mltrain_with_fault("nonfinite-gradients:5-5", config));
   EXPECT_EQ(one_bad.exit_code, 0) << one_bad.output;
   EXPECT_CONTAINS(one_bad.output, "step 5: non-finite loss");
   EXPECT_CONTAINS(one_bad.output, "update skipped");
-  const NamedTensors weights = load_safetensors(dir / "run" / "checkpoints" / "step_00000008" / "model.safetensors");
-  for (const auto& [name, tensor] : weights) EXPECT_TRUE(at::isfinite(tensor).all().item<bool>()) << name;
+  const NamedTensors weights =
+      load_safetensors(dir / "run" / "checkpoints" / "step_00000008" / "model.safetensors");
+  for (const auto& [name, tensor] : weights)
+    EXPECT_TRUE(at::isfinite(tensor).all().item<bool>()) << name;
 
-  const auto diverging = run_command(mltrain_with_fault("nonfinite-gradients:4-101",
-                                                        config + " --set train.run_dir=" + (dir / "diverging").string()));
+  const auto diverging = run_command(
+      mltrain_with_fault("nonfinite-gradients:4-101",
+                         config + " --set train.run_dir=" + (dir / "diverging").string()));
   EXPECT_EQ(diverging.exit_code, kExitRuntimeFailure);
-  EXPECT_CONTAINS(diverging.output, "3 non-finite steps in a row: stopping; the last good checkpoint is");
-  EXPECT_CONTAINS(diverging.output, "step_00000004");  // skipped steps leave the weights as they were
+  EXPECT_CONTAINS(diverging.output,
+                  "3 non-finite steps in a row: stopping; the last good checkpoint is");
+  EXPECT_CONTAINS(diverging.output,
+                  "step_00000004");  // skipped steps leave the weights as they were
 }
 
 TEST(Faults, ARankThatDiesStopsTheOthers) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
-  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC) +
-                               " 2 -x MLTRAIN_FAULT=kill-rank-1 " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
-                               write_config(dir, 1000000));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto run =
+      run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                  std::string(MLTRAIN_MPIEXEC) + " 2 -x MLTRAIN_FAULT=kill-rank-1 " +
+                  std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " + write_config(dir, 1000000));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
 }
@@ -177,10 +194,11 @@ TEST(Faults, ARankThatDiesStopsTheOthers) {
 TEST(Faults, RanksThatDisagreeStopBeforeTraining) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 8);
-  const std::string mpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC);
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC);
   // Two ranks started with different overrides (mpirun's multiple-program syntax).
-  const auto mismatch = run_command(mpirun + " 1 " + mltrain(config + " --set optim.lr=1e-3") + " : -n 1 " +
-                                    mltrain(config + " --set optim.lr=2e-3"));
+  const auto mismatch = run_command(mpirun + " 1 " + mltrain(config + " --set optim.lr=1e-3") +
+                                    " : -n 1 " + mltrain(config + " --set optim.lr=2e-3"));
   EXPECT_EQ(mismatch.exit_code, kExitUserError) << mismatch.output;
   EXPECT_CONTAINS(mismatch.output, "the ranks were given different configs");
   const auto backend = run_command(mpirun + " 2 " + mltrain(config + " --set dist.backend=nccl"));
@@ -192,10 +210,12 @@ TEST(Faults, RanksThatDisagreeStopBeforeTraining) {
 TEST(Faults, ARankThatHangsEndsTheRunAfterTheTimeout) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
-  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC) +
-                               " 2 -x MLTRAIN_FAULT=hang-rank-1 " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
+  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                               std::string(MLTRAIN_MPIEXEC) + " 2 -x MLTRAIN_FAULT=hang-rank-1 " +
+                               std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
                                write_config(dir, 1000000) + " --set dist.timeout_s=5");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output, "did not finish within dist.timeout_s = 5 s");
   EXPECT_LT(seconds, 60.0);

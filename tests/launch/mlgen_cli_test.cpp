@@ -25,7 +25,8 @@ TEST(MlgenCli, BadArgumentsAreOneLineAndExitTwo) {
            {"runs/x --temperature 0.7", "unknown option --temperature (see mlgen --help)"},
            {"--temperature 0.7", "unknown option --temperature (see mlgen --help)"},
            {"runs/x runs/y", "unexpected argument runs/y (see mlgen --help)"},
-           {"runs/x --tokens lots", "--tokens: expected a positive integer, got \"lots\" (see mlgen --help)"},
+           {"runs/x --tokens lots",
+            "--tokens: expected a positive integer, got \"lots\" (see mlgen --help)"},
            {"runs/x --tokens 0", "--tokens: expected a positive integer, got \"0\""},
            {"runs/x --tokens 1.5", "--tokens: expected a positive integer, got \"1.5\""},
            {"runs/x --prompt", "--prompt: 1 required TEXT missing (see mlgen --help)"}}) {
@@ -40,7 +41,8 @@ TEST(MlgenCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mlgen("--help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mlgen [OPTIONS] RUN_DIR");
-  for (const char* flag : {"-h,--help", "--prompt TEXT", "--tokens N"}) EXPECT_CONTAINS(run.output, flag);
+  for (const char* flag : {"-h,--help", "--prompt TEXT", "--tokens N"})
+    EXPECT_CONTAINS(run.output, flag);
   EXPECT_CONTAINS(run.output, "newest checkpoint");
 }
 

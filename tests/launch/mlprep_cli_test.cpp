@@ -9,7 +9,6 @@ namespace {
 
 using testing::CommandResult;
 
-
 CommandResult mlprep(const std::string& arguments) {
   std::string command = MLTRAIN_BIN_DIR "/mlprep ";
   command += arguments;
@@ -18,8 +17,9 @@ CommandResult mlprep(const std::string& arguments) {
 
 TEST(MlprepCli, PreparesAFortuneCorpus) {
   testing::TemporaryDirectory dir;
-  const CommandResult run = mlprep("--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 --out " +
-                                   (dir / "out").string());
+  const CommandResult run = mlprep(
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 --out " +
+      (dir / "out").string());
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output, "bytes per token");
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
@@ -27,10 +27,12 @@ TEST(MlprepCli, PreparesAFortuneCorpus) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "tokenizer.model"));
 
   // Encoding with the tokenizer just made, instead of training another, gives the same shards.
-  const CommandResult again = mlprep("--input /usr/share/games/fortunes/computers --format fortune --tokenizer " +
-                                     (dir / "out" / "tokenizer.model").string() + " --out " + (dir / "again").string());
+  const CommandResult again =
+      mlprep("--input /usr/share/games/fortunes/computers --format fortune --tokenizer " +
+             (dir / "out" / "tokenizer.model").string() + " --out " + (dir / "again").string());
   EXPECT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_EQ(testing::read_text(dir / "again" / "train_000000.bin"), testing::read_text(dir / "out" / "train_000000.bin"));
+  EXPECT_EQ(testing::read_text(dir / "again" / "train_000000.bin"),
+            testing::read_text(dir / "out" / "train_000000.bin"));
 }
 
 TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
@@ -39,8 +41,9 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   const CommandResult unreadable = mlprep("--input " + (dir / "nope.txt").string() + out);
   EXPECT_EQ(unreadable.exit_code, kExitUserError);
   EXPECT_CONTAINS(unreadable.output, "nope.txt: cannot read the input file");
-  const CommandResult tokenizer = mlprep("--input /usr/share/games/fortunes/computers --format fortune --tokenizer " +
-                                         (dir / "no.model").string() + out);
+  const CommandResult tokenizer =
+      mlprep("--input /usr/share/games/fortunes/computers --format fortune --tokenizer " +
+             (dir / "no.model").string() + out);
   EXPECT_EQ(tokenizer.exit_code, kExitUserError);
   EXPECT_CONTAINS(tokenizer.output, "no.model: tokenizer model not found");
   const CommandResult format = mlprep("--input x --format csv" + out);
@@ -48,7 +51,9 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   EXPECT_CONTAINS(format.output, "--format csv: expected text, jsonl or fortune");
   const CommandResult vocab = mlprep("--input x --vocab-size lots" + out);
   EXPECT_EQ(vocab.exit_code, kExitUserError);
-  EXPECT_CONTAINS(vocab.output, "--vocab-size: expected an integer of at least 260, got \"lots\" (see mlprep --help)");
+  EXPECT_CONTAINS(
+      vocab.output,
+      "--vocab-size: expected an integer of at least 260, got \"lots\" (see mlprep --help)");
   EXPECT_EQ(mlprep(out).exit_code, kExitUserError);
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
 }
@@ -90,8 +95,9 @@ TEST(MlprepCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mlprep("--help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mlprep [OPTIONS]");
-  for (const char* flag : {"-h,--help", "--input FILE", "--out DIR", "--format F", "--vocab-size N", "--tokenizer MODEL",
-                           "--val-fraction F", "--shard-tokens N", "--threads N", "--seed N"}) {
+  for (const char* flag :
+       {"-h,--help", "--input FILE", "--out DIR", "--format F", "--vocab-size N",
+        "--tokenizer MODEL", "--val-fraction F", "--shard-tokens N", "--threads N", "--seed N"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "trains a SentencePiece BPE tokenizer");

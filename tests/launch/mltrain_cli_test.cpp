@@ -18,7 +18,6 @@ CommandResult mltrain(const std::string& arguments) {
 
 const std::string kBase = MLTRAIN_SOURCE_DIR "/configs/base.yaml";
 
-
 size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
 
 TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
@@ -61,7 +60,8 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   EXPECT_CONTAINS(missing.output, "/nonexistent.yaml: cannot read the config file");
   const CommandResult dangling = mltrain(kBase + " --set");
   EXPECT_EQ(dangling.exit_code, kExitUserError);
-  EXPECT_CONTAINS(dangling.output, "--set: 1 required section.key=value missing (see mltrain --help)");
+  EXPECT_CONTAINS(dangling.output,
+                  "--set: 1 required section.key=value missing (see mltrain --help)");
   const CommandResult second = mltrain(kBase + " other.yaml --dry-run");
   EXPECT_EQ(second.exit_code, kExitUserError);
   EXPECT_CONTAINS(second.output, "unexpected argument other.yaml: give one config file");
@@ -81,7 +81,8 @@ TEST(MltrainCli, UnknownFlagIsOneLineAndExitTwo) {
 
 // --set takes one value, so a config path after it is the config; --set=... is the same flag.
 TEST(MltrainCli, SetOverridesInBothSpellings) {
-  const CommandResult run = mltrain("--set model.n_layers=3 " + kBase + " --set=model.d_model=256 --dump-config");
+  const CommandResult run =
+      mltrain("--set model.n_layers=3 " + kBase + " --set=model.d_model=256 --dump-config");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output, "n_layers: 3\n");
   EXPECT_CONTAINS(run.output, "d_model: 256\n");
@@ -91,8 +92,8 @@ TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mltrain("--help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
-  for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH", "--eval-only", "--plot",
-                           "--dry-run", "--dump-config"}) {
+  for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
+                           "--eval-only", "--plot", "--dry-run", "--dump-config"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");

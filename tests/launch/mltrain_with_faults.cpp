@@ -51,9 +51,10 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
       };
     } else if (fault.starts_with(nonfinite)) {
       const auto [first, last] = step_range(fault.substr(nonfinite.size()));
-      after_gradients.emplace_back([first, last](int64_t step, int, const std::vector<at::Tensor>& parameters) {
-        if (step >= first && step <= last) parameters.front().grad().fill_(NAN);
-      });
+      after_gradients.emplace_back(
+          [first, last](int64_t step, int, const std::vector<at::Tensor>& parameters) {
+            if (step >= first && step <= last) parameters.front().grad().fill_(NAN);
+          });
     } else if (fault == "kill-rank-1" || fault == "hang-rank-1") {
       const bool kill = fault == "kill-rank-1";
       after_gradients.emplace_back([kill](int64_t step, int rank, const std::vector<at::Tensor>&) {
@@ -66,7 +67,8 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
     }
   }
   if (!after_gradients.empty()) {
-    hooks.after_gradients = [after_gradients](int64_t step, int rank, const std::vector<at::Tensor>& parameters) {
+    hooks.after_gradients = [after_gradients](int64_t step, int rank,
+                                              const std::vector<at::Tensor>& parameters) {
       for (const auto& hook : after_gradients) hook(step, rank, parameters);
     };
   }

@@ -13,22 +13,24 @@ namespace {
 using testing::CommandResult;
 using testing::run_command;
 
-
 TEST(SmokeRun, TrainsEvaluatesAndSamples) {
   testing::TemporaryDirectory dir;
   const std::string data = (dir / "data").string();
   const std::string run_dir = (dir / "run").string();
-  const CommandResult prep = run_command(std::string(MLTRAIN_BIN_DIR) + "/mlprep --format fortune --vocab-size 1024 --out " + data +
-                                         " --input /usr/share/games/fortunes/computers /usr/share/games/fortunes/tang300");
+  const CommandResult prep = run_command(
+      std::string(MLTRAIN_BIN_DIR) + "/mlprep --format fortune --vocab-size 1024 --out " + data +
+      " --input /usr/share/games/fortunes/computers /usr/share/games/fortunes/tang300");
   ASSERT_EQ(prep.exit_code, 0) << prep.output;
 
   // The shipped smoke config, shortened for the test suite and pointed at this corpus.
-  const std::string config = std::string(MLTRAIN_SOURCE_DIR) + "/configs/smoke.yaml --set data.train=" + data +
-                             "/train_*.bin --set data.val=" + data + "/val_*.bin --set data.tokenizer=" + data +
-                             "/tokenizer.model --set train.run_dir=" + run_dir + " --set train.device=cpu";
+  const std::string config =
+      std::string(MLTRAIN_SOURCE_DIR) + "/configs/smoke.yaml --set data.train=" + data +
+      "/train_*.bin --set data.val=" + data + "/val_*.bin --set data.tokenizer=" + data +
+      "/tokenizer.model --set train.run_dir=" + run_dir + " --set train.device=cpu";
   const std::string mltrain = std::string(MLTRAIN_BIN_DIR) + "/mltrain ";
-  const CommandResult train = run_command(mltrain + config +
-                                          " --set train.max_steps=24 --set optim.warmup_steps=4 --set train.eval_every=8");
+  const CommandResult train =
+      run_command(mltrain + config +
+                  " --set train.max_steps=24 --set optim.warmup_steps=4 --set train.eval_every=8");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_CONTAINS(train.output, "step 24/24");
 
@@ -45,22 +47,26 @@ TEST(SmokeRun, TrainsEvaluatesAndSamples) {
   EXPECT_EQ(evaluate.exit_code, 0) << evaluate.output;
   EXPECT_CONTAINS(evaluate.output, "val loss");
 
-  const CommandResult sample = run_command(std::string(MLTRAIN_BIN_DIR) + "/mlgen " + run_dir + " --prompt 'The ' --tokens 8");
+  const CommandResult sample = run_command(std::string(MLTRAIN_BIN_DIR) + "/mlgen " + run_dir +
+                                           " --prompt 'The ' --tokens 8");
   EXPECT_EQ(sample.exit_code, 0) << sample.output;
   EXPECT_EQ(sample.output.rfind("The ", 0), 0u) << sample.output;
 }
 
 TEST(SmokeRun, EvalOnlyWithoutWeightsIsAClearError) {
   testing::TemporaryDirectory dir;
-  const std::string mltrain = std::string(MLTRAIN_BIN_DIR) + "/mltrain " + MLTRAIN_SOURCE_DIR + "/configs/smoke.yaml";
+  const std::string mltrain =
+      std::string(MLTRAIN_BIN_DIR) + "/mltrain " + MLTRAIN_SOURCE_DIR + "/configs/smoke.yaml";
   const CommandResult no_resume = run_command(mltrain + " --eval-only");
   EXPECT_EQ(no_resume.exit_code, kExitUserError);
   EXPECT_CONTAINS(no_resume.output, "--eval-only needs trained weights");
-  const CommandResult missing = run_command(mltrain + " --eval-only --resume " + (dir / "nothing").string());
+  const CommandResult missing =
+      run_command(mltrain + " --eval-only --resume " + (dir / "nothing").string());
   EXPECT_EQ(missing.exit_code, kExitUserError);
   EXPECT_CONTAINS(missing.output, "no weights here");
-  const CommandResult no_data = run_command(mltrain + " --set 'data.tokenizer=\"\"' --set data.train=" + (dir / "none_*.bin").string() +
-                                            " --set train.run_dir=" + (dir / "run").string());
+  const CommandResult no_data = run_command(
+      mltrain + " --set 'data.tokenizer=\"\"' --set data.train=" + (dir / "none_*.bin").string() +
+      " --set train.run_dir=" + (dir / "run").string());
   EXPECT_EQ(no_data.exit_code, kExitUserError);
   EXPECT_CONTAINS(no_data.output, "no token shards match");
 }

@@ -23,10 +23,13 @@ at::Tensor repeat_kv_attention(AttentionImpl& attention, const ModelConfig& conf
   const auto heads = [&](torch::nn::Linear& projection, int64_t n) {
     return projection(x).view({b, t, n, config.head_dim});
   };
-  const at::Tensor q = apply_rotary(heads(attention.wq, config.n_q_heads), cos, sin).transpose(1, 2);
+  const at::Tensor q =
+      apply_rotary(heads(attention.wq, config.n_q_heads), cos, sin).transpose(1, 2);
   const at::Tensor k = apply_rotary(heads(attention.wk, config.n_kv_heads), cos, sin)
-                           .transpose(1, 2).repeat_interleave(group, 1);
-  const at::Tensor v = heads(attention.wv, config.n_kv_heads).transpose(1, 2).repeat_interleave(group, 1);
+                           .transpose(1, 2)
+                           .repeat_interleave(group, 1);
+  const at::Tensor v =
+      heads(attention.wv, config.n_kv_heads).transpose(1, 2).repeat_interleave(group, 1);
   const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
   const at::Tensor scores = (q.matmul(k.transpose(-1, -2)) / std::sqrt(double(config.head_dim)))
                                 .masked_fill(future, -INFINITY);
@@ -66,7 +69,8 @@ TEST_F(TinyLlama, FutureTokensDoNotChangeEarlierLogits) {
     changed.narrow(1, t + 1, 24 - t - 1).random_(tiny_config().vocab_size);
     ASSERT_FALSE(at::equal(changed, tokens));
     const at::Tensor changed_logits = model(changed);
-    EXPECT_TRUE(at::equal(changed_logits.narrow(1, 0, t + 1), logits.narrow(1, 0, t + 1))) << "t = " << t;
+    EXPECT_TRUE(at::equal(changed_logits.narrow(1, 0, t + 1), logits.narrow(1, 0, t + 1)))
+        << "t = " << t;
     // The test can fail: the changed positions themselves do change.
     EXPECT_FALSE(at::equal(changed_logits.narrow(1, t + 1, 1), logits.narrow(1, t + 1, 1)));
   }

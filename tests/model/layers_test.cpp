@@ -51,7 +51,8 @@ TEST(RMSNorm, Bf16InputIsNormalisedInFp32) {
 
 at::Tensor rotate_at(const at::Tensor& x, const Rotary& rotary, int64_t position) {
   // x [D] -> [1, 1, 1, D] at one position
-  return apply_rotary(x.view({1, 1, 1, -1}), rotary->cos(position, 1), rotary->sin(position, 1)).flatten();
+  return apply_rotary(x.view({1, 1, 1, -1}), rotary->cos(position, 1), rotary->sin(position, 1))
+      .flatten();
 }
 
 TEST(Rotary, PairsDimensionIWithIPlusHalf) {
@@ -93,8 +94,10 @@ TEST(Rotary, ScoreDependsOnlyOnRelativePosition) {
   const double scale = q.norm().item<double>() * k.norm().item<double>();
   for (int64_t distance : {0, 1, 2, 7, 31, 200}) {
     const double reference = score(distance, 0);
-    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{333}, int64_t{700}, 1023 - distance}) {
-      ASSERT_NEAR(score(n + distance, n), reference, 2e-5 * scale) << "m - n = " << distance << ", n = " << n;
+    for (int64_t n :
+         {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{333}, int64_t{700}, 1023 - distance}) {
+      ASSERT_NEAR(score(n + distance, n), reference, 2e-5 * scale)
+          << "m - n = " << distance << ", n = " << n;
     }
   }
   // ... and does depend on it.
@@ -106,7 +109,8 @@ TEST(Rotary, SlicedTablesRotateLikeTheFullTable) {
   Rotary rotary(16, 64, 10000.0);
   const at::Tensor x = at::randn({2, 40, 3, 16});
   const at::Tensor full = apply_rotary(x, rotary->cos(0, 40), rotary->sin(0, 40));
-  const at::Tensor tail = apply_rotary(x.narrow(1, 25, 15), rotary->cos(25, 15), rotary->sin(25, 15));
+  const at::Tensor tail =
+      apply_rotary(x.narrow(1, 25, 15), rotary->cos(25, 15), rotary->sin(25, 15));
   EXPECT_TRUE(at::equal(tail, full.narrow(1, 25, 15)));
 }
 

@@ -35,10 +35,10 @@ void expect_parity_with_reference(const ModelConfig& config) {
   testing::write_text(dir / "config.json", config_json(config));
   save_model_weights(model, dir / "weights.safetensors");
   save_safetensors(dir / "batch.safetensors", {{"tokens", tokens}, {"targets", targets}});
-  const std::string command = fmt::format(
-      "{} {}/tests/reference/parity.py {} {} {} {}", MLTRAIN_PYTHON, MLTRAIN_SOURCE_DIR,
-      (dir / "config.json").string(), (dir / "weights.safetensors").string(),
-      (dir / "batch.safetensors").string(), (dir / "out.safetensors").string());
+  const std::string command =
+      fmt::format("{} {}/tests/reference/parity.py {} {} {} {}", MLTRAIN_PYTHON, MLTRAIN_SOURCE_DIR,
+                  (dir / "config.json").string(), (dir / "weights.safetensors").string(),
+                  (dir / "batch.safetensors").string(), (dir / "out.safetensors").string());
   const testing::CommandResult run = testing::run_command(command);
   ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
 
@@ -55,7 +55,9 @@ void expect_parity_with_reference(const ModelConfig& config) {
   EXPECT_EQ(compared, reference.size() - 2);
 }
 
-TEST(ReferenceParity, BaseModelMatchesThePythonReference) { expect_parity_with_reference(ModelConfig{}); }
+TEST(ReferenceParity, BaseModelMatchesThePythonReference) {
+  expect_parity_with_reference(ModelConfig{});
+}
 
 TEST(ReferenceParity, UntiedModelMatchesThePythonReference) {
   ModelConfig config;

@@ -101,33 +101,47 @@ TEST(Safetensors, BadHeadersAreClearErrors) {
   write_text(path, huge_length + "{}");
   EXPECT_NE(load_error(path).find("header length"), std::string::npos) << load_error(path);
 
-  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", eight_bytes));
-  EXPECT_NE(load_error(path).find("tensor 'w': unsupported dtype \"F33\""), std::string::npos) << load_error(path);
+  write_text(path,
+             safetensors_bytes(R"({"w": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})",
+                               eight_bytes));
+  EXPECT_NE(load_error(path).find("tensor 'w': unsupported dtype \"F33\""), std::string::npos)
+      << load_error(path);
 
-  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", eight_bytes));
-  EXPECT_NE(load_error(path).find("tensor 'w': shape [3] of F32 needs 12 bytes"), std::string::npos) << load_error(path);
+  write_text(path,
+             safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",
+                               eight_bytes));
+  EXPECT_NE(load_error(path).find("tensor 'w': shape [3] of F32 needs 12 bytes"), std::string::npos)
+      << load_error(path);
 
   write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [2]}})", eight_bytes));
   EXPECT_NE(load_error(path).find("tensor 'w'"), std::string::npos) << load_error(path);
 
-  write_text(path, safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", eight_bytes));
+  write_text(path,
+             safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                               eight_bytes));
   EXPECT_NE(load_error(path).find("overlapping"), std::string::npos) << load_error(path);
 
-  write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", eight_bytes));
-  EXPECT_NE(load_error(path).find("4 bytes of data follow the last tensor"), std::string::npos) << load_error(path);
+  write_text(path,
+             safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                               eight_bytes));
+  EXPECT_NE(load_error(path).find("4 bytes of data follow the last tensor"), std::string::npos)
+      << load_error(path);
 
   EXPECT_NE(load_error(dir / "missing.safetensors").find("cannot open"), std::string::npos);
 }
 
 TEST(HfStateDict, NamesAreHuggingFaceLlamaNames) {
   EXPECT_EQ(hf_parameter_name("token_embeddings.weight"), "model.embed_tokens.weight");
-  EXPECT_EQ(hf_parameter_name("layers.0.attn_norm.weight"), "model.layers.0.input_layernorm.weight");
-  EXPECT_EQ(hf_parameter_name("layers.10.attn.wq.weight"), "model.layers.10.self_attn.q_proj.weight");
+  EXPECT_EQ(hf_parameter_name("layers.0.attn_norm.weight"),
+            "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(hf_parameter_name("layers.10.attn.wq.weight"),
+            "model.layers.10.self_attn.q_proj.weight");
   EXPECT_EQ(hf_parameter_name("layers.1.attn.wk.weight"), "model.layers.1.self_attn.k_proj.weight");
   EXPECT_EQ(hf_parameter_name("layers.1.attn.wv.weight"), "model.layers.1.self_attn.v_proj.weight");
   EXPECT_EQ(hf_parameter_name("layers.1.attn.wo.weight"), "model.layers.1.self_attn.o_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.2.ffn_norm.weight"), "model.layers.2.post_attention_layernorm.weight");
+  EXPECT_EQ(hf_parameter_name("layers.2.ffn_norm.weight"),
+            "model.layers.2.post_attention_layernorm.weight");
   EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_gate.weight"), "model.layers.2.mlp.gate_proj.weight");
   EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_up.weight"), "model.layers.2.mlp.up_proj.weight");
   EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_down.weight"), "model.layers.2.mlp.down_proj.weight");
@@ -149,7 +163,8 @@ TEST(HfStateDict, ModelWeightsRoundTrip) {
   save_model_weights(saved, dir / "model.safetensors");
   at::manual_seed(2);
   Llama loaded(testing::tiny_config());
-  ASSERT_FALSE(at::equal(loaded->layers[1]->ffn->w_up->weight, saved->layers[1]->ffn->w_up->weight));
+  ASSERT_FALSE(
+      at::equal(loaded->layers[1]->ffn->w_up->weight, saved->layers[1]->ffn->w_up->weight));
   load_model_weights(loaded, dir / "model.safetensors");
   for (const auto& [name, tensor] : hf_state_dict(saved)) {
     EXPECT_TRUE(at::equal(hf_state_dict(loaded).at(name), tensor)) << name;
@@ -178,9 +193,14 @@ TEST(HfStateDict, MismatchesNameEveryOffendingKey) {
   wrong["lm_head.weight"] = at::zeros({97, 64});
   const std::string message = load_into_tiny_model(wrong);
   EXPECT_NE(message.find("weights.safetensors"), std::string::npos) << message;
-  EXPECT_NE(message.find("model.layers.1.mlp.up_proj.weight has shape [96, 65] in the file, [96, 64] in the model"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.layers.1.mlp.up_proj.weight has shape [96, 65] in the file, [96, "
+                         "64] in the model"),
+            std::string::npos)
+      << message;
   EXPECT_NE(message.find("missing model.norm.weight"), std::string::npos) << message;
-  EXPECT_NE(message.find("model.layers.0.self_attn.q_proj.weight has non-floating dtype"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.layers.0.self_attn.q_proj.weight has non-floating dtype"),
+            std::string::npos)
+      << message;
   EXPECT_NE(message.find("unexpected lm_head.weight"), std::string::npos) << message;
 }
 

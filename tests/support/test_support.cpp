@@ -32,12 +32,14 @@ CommandResult run_command(const std::string& command) {
   std::string output;
   std::array<char, 4096> buffer;
   size_t read = 0;
-  while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), read);
+  while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    output.append(buffer.data(), read);
   const int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
 }
 
-BackgroundProcess::BackgroundProcess(const std::string& command, const std::filesystem::path& output) {
+BackgroundProcess::BackgroundProcess(const std::string& command,
+                                     const std::filesystem::path& output) {
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {

@@ -16,7 +16,6 @@ namespace {
 
 using testing::TemporaryDirectory;
 
-
 // step -> loss, and step -> val_loss, of every line of a metrics.jsonl.
 struct Curves {
   std::map<int64_t, double> loss;
@@ -39,7 +38,8 @@ void expect_same_tensors(const std::filesystem::path& a, const std::filesystem::
   const NamedTensors second = load_safetensors(b);
   ASSERT_EQ(first.size(), second.size());
   for (const auto& [name, tensor] : first) {
-    EXPECT_TRUE(at::equal(tensor, second.at(name))) << name << " differs between " << a << " and " << b;
+    EXPECT_TRUE(at::equal(tensor, second.at(name)))
+        << name << " differs between " << a << " and " << b;
   }
 }
 
@@ -87,11 +87,14 @@ TEST(Checkpoints, LayoutStateAndRetention) {
   train(config);
   const auto checkpoints = dir / "run" / "checkpoints";
   std::set<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) names.insert(entry.path().filename());
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints))
+    names.insert(entry.path().filename());
   // The newest two, the multiples of 4, and the pointer.
-  EXPECT_EQ(names, (std::set<std::string>{"latest", "step_00000004", "step_00000008", "step_00000010", "step_00000012"}));
+  EXPECT_EQ(names, (std::set<std::string>{"latest", "step_00000004", "step_00000008",
+                                          "step_00000010", "step_00000012"}));
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000012\n");
-  const auto state = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000012" / "state.json"));
+  const auto state =
+      nlohmann::json::parse(testing::read_text(checkpoints / "step_00000012" / "state.json"));
   EXPECT_EQ(state["step"], 12);
   EXPECT_EQ(state["samples_consumed"], 12 * 16);
   EXPECT_EQ(state["tokens_seen"], 12 * 16 * 16);
@@ -133,7 +136,8 @@ TEST(Resume, DamagedCheckpointFilesAreNamed) {
   testing::write_text(checkpoint / "optimizer.safetensors", flipped);
   config.train.max_steps = 8;
   EXPECT_CONTAINS(resume_error(config), "optimizer.safetensors: checksum mismatch");
-  testing::write_text(checkpoint / "optimizer.safetensors", optimizer.substr(0, optimizer.size() - 100));
+  testing::write_text(checkpoint / "optimizer.safetensors",
+                      optimizer.substr(0, optimizer.size() - 100));
   EXPECT_CONTAINS(resume_error(config), "optimizer.safetensors: checksum mismatch");
   std::filesystem::remove(checkpoint / "model.safetensors");
   EXPECT_CONTAINS(resume_error(config), "model.safetensors: missing from the checkpoint");
@@ -169,7 +173,8 @@ TEST(Resume, StaleTemporaryDirectoriesAreRemoved) {
   config.train.max_steps = 4;
   train(config, "auto");
   EXPECT_FALSE(std::filesystem::exists(stale));
-  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000004" / "state.json"));
+  EXPECT_TRUE(
+      std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000004" / "state.json"));
 }
 
 TEST(Resume, AFreshStartDoesNotTouchAnotherRunsCheckpoints) {
@@ -182,8 +187,9 @@ TEST(Resume, AFreshStartDoesNotTouchAnotherRunsCheckpoints) {
     train(config);
     FAIL() << "a fresh run started over saved checkpoints";
   } catch (const UserError& error) {
-    EXPECT_CONTAINS(std::string(error.what()), "already holds checkpoints (newest: step_00000004): continue that run "
-                                               "with --resume auto");
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "already holds checkpoints (newest: step_00000004): continue that run "
+                    "with --resume auto");
   }
   EXPECT_EQ(testing::read_text(checkpoints / "step_00000004" / "model.safetensors"), saved);
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
@@ -197,7 +203,8 @@ TEST(Resume, AutoResumesTheCheckpointThatLatestNames) {
   Config config = trained_run(dir, 4);
   const auto checkpoints = dir / "run" / "checkpoints";
   std::filesystem::copy(checkpoints / "step_00000004", checkpoints / "step_00000009");
-  auto orphan = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000009" / "state.json"));
+  auto orphan =
+      nlohmann::json::parse(testing::read_text(checkpoints / "step_00000009" / "state.json"));
   orphan["step"] = 9;
   orphan["samples_consumed"] = 9 * 16;
   testing::write_text(checkpoints / "step_00000009" / "state.json", orphan.dump());
@@ -208,8 +215,10 @@ TEST(Resume, AutoResumesTheCheckpointThatLatestNames) {
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000006\n");
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006"));
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000005")) << "pruned: keep_last 1";
-  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000009")) << "a later step's checkpoint was pruned";
-  const auto state = nlohmann::json::parse(testing::read_text(checkpoints / "step_00000006" / "state.json"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000009"))
+      << "a later step's checkpoint was pruned";
+  const auto state =
+      nlohmann::json::parse(testing::read_text(checkpoints / "step_00000006" / "state.json"));
   EXPECT_EQ(state["samples_consumed"], 6 * 16) << "resumed from step 4, not from step 9";
 }
 

@@ -23,7 +23,6 @@ std::string config_error(const std::string& yaml, const std::vector<std::string>
   return "";
 }
 
-
 TEST(Config, DefaultsAreTheDesignDocumentsValues) {
   const Config c;
   EXPECT_EQ(c.model.vocab_size, 4096);
@@ -42,8 +41,9 @@ TEST(Config, DefaultsAreTheDesignDocumentsValues) {
 TEST(Config, FileValuesAndOverridesApplyInOrder) {
   TemporaryDirectory dir;
   write_text(dir / "run.yaml", "model:\n  d_model: 256\n  n_layers: 4\noptim:\n  schedule: wsd\n");
-  const Config c = load_config(dir / "run.yaml", {"model.n_layers=6", "train.run_dir=runs/x", "model.n_layers=8",
-                                                   "dist.overlap=false", "optim.lr=1e-3"});
+  const Config c =
+      load_config(dir / "run.yaml", {"model.n_layers=6", "train.run_dir=runs/x", "model.n_layers=8",
+                                     "dist.overlap=false", "optim.lr=1e-3"});
   EXPECT_EQ(c.model.d_model, 256);
   EXPECT_EQ(c.model.n_layers, 8);
   EXPECT_EQ(c.optim.schedule, "wsd");
@@ -59,40 +59,54 @@ TEST(Config, UnknownKeyNamesFileLineAndNearestKey) {
   EXPECT_CONTAINS(message, "unknown key model.n_kv_haeds");
   EXPECT_CONTAINS(message, "did you mean model.n_kv_heads?");
   EXPECT_CONTAINS(config_error("optimizer:\n  lr: 0.1\n"), "did you mean optim.lr?");
-  EXPECT_CONTAINS(config_error("", {"train.max_step=5"}), "--set train.max_step=5: unknown key train.max_step (did you mean train.max_steps?)");
+  EXPECT_CONTAINS(
+      config_error("", {"train.max_step=5"}),
+      "--set train.max_step=5: unknown key train.max_step (did you mean train.max_steps?)");
 }
 
 // Names from nanoGPT, llm.c, Hugging Face and torchtitan are known, and win over the nearest
 // spelling: learning_rate is nearer optim.min_lr than optim.lr.
 TEST(Config, KeyNamesFromOtherTrainersPointAtMltrainsKey) {
-  EXPECT_CONTAINS(config_error("", {"optim.learning_rate=1"}),
-                  "--set optim.learning_rate=1: unknown key optim.learning_rate (mltrain calls it optim.lr)");
-  EXPECT_CONTAINS(config_error("", {"data.batch_size=8"}), "unknown key data.batch_size (mltrain calls it data.micro_batch)");
+  EXPECT_CONTAINS(
+      config_error("", {"optim.learning_rate=1"}),
+      "--set optim.learning_rate=1: unknown key optim.learning_rate (mltrain calls it optim.lr)");
+  EXPECT_CONTAINS(config_error("", {"data.batch_size=8"}),
+                  "unknown key data.batch_size (mltrain calls it data.micro_batch)");
   EXPECT_CONTAINS(config_error("", {"train.max_iters=100"}), "(mltrain calls it train.max_steps)");
-  EXPECT_CONTAINS(config_error("model:\n  n_embd: 768\n"), "run.yaml:2: unknown key model.n_embd (mltrain calls it model.d_model)");
+  EXPECT_CONTAINS(config_error("model:\n  n_embd: 768\n"),
+                  "run.yaml:2: unknown key model.n_embd (mltrain calls it model.d_model)");
   EXPECT_CONTAINS(config_error("", {"model.n_kv_head=2"}), "(mltrain calls it model.n_kv_heads)");
-  EXPECT_CONTAINS(config_error("", {"optim.max_grad_norm=1"}), "(mltrain calls it optim.grad_clip)");
-  EXPECT_CONTAINS(config_error("", {"train.gradient_accumulation_steps=4"}), "(mltrain calls it data.grad_accum)");
+  EXPECT_CONTAINS(config_error("", {"optim.max_grad_norm=1"}),
+                  "(mltrain calls it optim.grad_clip)");
+  EXPECT_CONTAINS(config_error("", {"train.gradient_accumulation_steps=4"}),
+                  "(mltrain calls it data.grad_accum)");
 }
 
 TEST(Config, KeyHintsIgnoreTheSectionAKnownNameWasPutIn) {
   EXPECT_CONTAINS(config_error("", {"model.block_size=256"}), "(mltrain calls it data.seq_len)");
   EXPECT_CONTAINS(config_error("", {"data.block_size=256"}), "(mltrain calls it data.seq_len)");
   EXPECT_CONTAINS(config_error("train:\n  learning_rate: 0.1\n"), "(mltrain calls it optim.lr)");
-  EXPECT_CONTAINS(config_error("", {"data.vocab_size=256"}), "unknown key data.vocab_size (did you mean model.vocab_size?)");
+  EXPECT_CONTAINS(config_error("", {"data.vocab_size=256"}),
+                  "unknown key data.vocab_size (did you mean model.vocab_size?)");
   EXPECT_CONTAINS(config_error("", {"model.beta2=0.99"}), "(did you mean optim.beta2?)");
 }
 
 TEST(Config, WrongTypesAreNamed) {
-  EXPECT_CONTAINS(config_error("model:\n  d_model: wide\n"), "model.d_model expects an integer, got \"wide\"");
+  EXPECT_CONTAINS(config_error("model:\n  d_model: wide\n"),
+                  "model.d_model expects an integer, got \"wide\"");
   EXPECT_CONTAINS(config_error("model:\n  d_model: 1.5\n"), "model.d_model expects an integer");
-  EXPECT_CONTAINS(config_error("optim:\n  lr: [1, 2]\n"), "optim.lr expects a number, got a YAML sequence");
-  EXPECT_CONTAINS(config_error("dist:\n  overlap: sometimes\n"), "dist.overlap expects true or false");
+  EXPECT_CONTAINS(config_error("optim:\n  lr: [1, 2]\n"),
+                  "optim.lr expects a number, got a YAML sequence");
+  EXPECT_CONTAINS(config_error("dist:\n  overlap: sometimes\n"),
+                  "dist.overlap expects true or false");
   EXPECT_CONTAINS(config_error("model: 3\n"), "section model must be a mapping");
-  EXPECT_CONTAINS(config_error("", {"data.seed=x"}), "--set data.seed=x: data.seed expects an integer");
+  EXPECT_CONTAINS(config_error("", {"data.seed=x"}),
+                  "--set data.seed=x: data.seed expects an integer");
   EXPECT_CONTAINS(config_error("", {"data.seed"}), "expected section.key=value");
-  EXPECT_CONTAINS(config_error("", {"model.d_model="}), "--set model.d_model=: model.d_model expects an integer, got an empty value");
-  EXPECT_CONTAINS(config_error("train:\n  max_steps:\n"), "run.yaml:2: train.max_steps expects an integer, got an empty value");
+  EXPECT_CONTAINS(config_error("", {"model.d_model="}),
+                  "--set model.d_model=: model.d_model expects an integer, got an empty value");
+  EXPECT_CONTAINS(config_error("train:\n  max_steps:\n"),
+                  "run.yaml:2: train.max_steps expects an integer, got an empty value");
 }
 
 // YAML reads an empty value as null; for a string key that is the empty string, which
@@ -103,22 +117,32 @@ TEST(Config, AnEmptyValueOfAStringKeyIsTheEmptyString) {
   EXPECT_EQ(load_config(dir / "quoted.yaml").data.tokenizer, "");
   write_text(dir / "bare.yaml", "data:\n  tokenizer:\n");
   EXPECT_EQ(load_config(dir / "bare.yaml").data.tokenizer, "");
-  EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=x.model", "data.tokenizer="}).data.tokenizer, "");
+  EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=x.model", "data.tokenizer="})
+                .data.tokenizer,
+            "");
   EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=\"\""}).data.tokenizer, "");
 }
 
 TEST(Config, OutOfRangeValuesAreNamed) {
-  EXPECT_CONTAINS(config_error("data:\n  micro_batch: 0\n"), "data.micro_batch must be at least 1, got 0");
-  EXPECT_CONTAINS(config_error("optim:\n  beta2: 1.5\n"), "optim.beta2 must be between 0 and 1, got 1.5");
-  EXPECT_CONTAINS(config_error("optim:\n  schedule: exponential\n"), "optim.schedule must be one of cosine, constant, linear, wsd");
-  EXPECT_CONTAINS(config_error("train:\n  device: tpu\n"), "train.device must be one of auto, cpu, cuda");
+  EXPECT_CONTAINS(config_error("data:\n  micro_batch: 0\n"),
+                  "data.micro_batch must be at least 1, got 0");
+  EXPECT_CONTAINS(config_error("optim:\n  beta2: 1.5\n"),
+                  "optim.beta2 must be between 0 and 1, got 1.5");
+  EXPECT_CONTAINS(config_error("optim:\n  schedule: exponential\n"),
+                  "optim.schedule must be one of cosine, constant, linear, wsd");
+  EXPECT_CONTAINS(config_error("train:\n  device: tpu\n"),
+                  "train.device must be one of auto, cpu, cuda");
 }
 
 TEST(Config, InconsistentValuesAreNamed) {
-  EXPECT_CONTAINS(config_error("model:\n  n_q_heads: 8\n  n_kv_heads: 3\n"), "model.n_q_heads (8) must be a multiple of model.n_kv_heads (3)");
-  EXPECT_CONTAINS(config_error("data:\n  seq_len: 2048\n"), "data.seq_len (2048) exceeds model.max_seq_len (1024)");
-  EXPECT_CONTAINS(config_error("train:\n  max_steps: 100\n"), "optim.warmup_steps (200) exceeds train.max_steps (100)");
-  EXPECT_CONTAINS(config_error("optim:\n  lr: 1e-5\n"), "optim.min_lr (6e-05) exceeds optim.lr (1e-05)");
+  EXPECT_CONTAINS(config_error("model:\n  n_q_heads: 8\n  n_kv_heads: 3\n"),
+                  "model.n_q_heads (8) must be a multiple of model.n_kv_heads (3)");
+  EXPECT_CONTAINS(config_error("data:\n  seq_len: 2048\n"),
+                  "data.seq_len (2048) exceeds model.max_seq_len (1024)");
+  EXPECT_CONTAINS(config_error("train:\n  max_steps: 100\n"),
+                  "optim.warmup_steps (200) exceeds train.max_steps (100)");
+  EXPECT_CONTAINS(config_error("optim:\n  lr: 1e-5\n"),
+                  "optim.min_lr (6e-05) exceeds optim.lr (1e-05)");
   EXPECT_CONTAINS(config_error("model:\n  head_dim: 63\n"), "model.head_dim (63) must be even");
 }
 
@@ -129,14 +153,16 @@ TEST(Config, BadFilesAreNamed) {
     load_config("/nonexistent/run.yaml");
     FAIL();
   } catch (const UserError& error) {
-    EXPECT_CONTAINS(std::string(error.what()), "/nonexistent/run.yaml: cannot read the config file");
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "/nonexistent/run.yaml: cannot read the config file");
   }
 }
 
 TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
   TemporaryDirectory dir;
   write_text(dir / "run.yaml", "data:\n  train: \"odd: 'name' #1 *.bin\"\noptim:\n  lr: 3.3e-4\n");
-  const Config original = load_config(dir / "run.yaml", {"model.norm_eps=1e-5", "dist.overlap=false"});
+  const Config original =
+      load_config(dir / "run.yaml", {"model.norm_eps=1e-5", "dist.overlap=false"});
   const std::string dumped = config_to_yaml(original);
   write_text(dir / "dumped.yaml", dumped);
   const Config reloaded = load_config(dir / "dumped.yaml");
@@ -156,7 +182,8 @@ TEST(Config, ShippedConfigsLoad) {
 TEST(Config, ReadmeListsEveryKeyWithItsDefault) {
   const std::string readme = testing::read_text(MLTRAIN_SOURCE_DIR "/configs/README.md");
   EXPECT_NE(readme.find(config_reference_markdown()), std::string::npos)
-      << "configs/README.md is out of date; its key table must be:\n" << config_reference_markdown();
+      << "configs/README.md is out of date; its key table must be:\n"
+      << config_reference_markdown();
 }
 
 }  // namespace

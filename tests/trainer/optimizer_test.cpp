@@ -38,8 +38,10 @@ TEST(AdamW, FusedKernelMatchesTheClosedFormAndDecaysOnlyMatrices) {
   const at::Tensor vector = at::randn({5}).requires_grad_(true);
   const AdamWOptions options{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   AdamW optimizer({{"matrix", matrix}, {"vector", vector}}, options);
-  ClosedFormAdamW matrix_ref{matrix.detach().to(at::kDouble), at::zeros({6, 5}, at::kDouble), at::zeros({6, 5}, at::kDouble)};
-  ClosedFormAdamW vector_ref{vector.detach().to(at::kDouble), at::zeros({5}, at::kDouble), at::zeros({5}, at::kDouble)};
+  ClosedFormAdamW matrix_ref{matrix.detach().to(at::kDouble), at::zeros({6, 5}, at::kDouble),
+                             at::zeros({6, 5}, at::kDouble)};
+  ClosedFormAdamW vector_ref{vector.detach().to(at::kDouble), at::zeros({5}, at::kDouble),
+                             at::zeros({5}, at::kDouble)};
   for (int step = 0; step < 5; ++step) {
     const double lr = 1e-2 * (step + 1);
     matrix.mutable_grad() = at::randn({6, 5});
@@ -52,7 +54,6 @@ TEST(AdamW, FusedKernelMatchesTheClosedFormAndDecaysOnlyMatrices) {
   }
   EXPECT_EQ(optimizer.steps(), 5);
 }
-
 
 TEST(ClipGradNorm, ScalesToTheLimitAndReportsTheNormBefore) {
   const at::Tensor a = at::zeros({2}).requires_grad_(true);
@@ -88,7 +89,8 @@ TEST(LearningRate, DecaysReachMinLrAtTheEnd) {
   // 100 decay steps after 10 of warmup; step 111 is the first after the end.
   EXPECT_DOUBLE_EQ(learning_rate(schedule("cosine"), 110, 11), 1.0);
   EXPECT_NEAR(learning_rate(schedule("cosine"), 110, 61), 0.1 + 0.9 * 0.5, 1e-12);
-  EXPECT_NEAR(learning_rate(schedule("cosine"), 110, 36), 0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi / 4)), 1e-12);
+  EXPECT_NEAR(learning_rate(schedule("cosine"), 110, 36),
+              0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi / 4)), 1e-12);
   EXPECT_DOUBLE_EQ(learning_rate(schedule("cosine"), 110, 111), 0.1);
   EXPECT_NEAR(learning_rate(schedule("linear"), 110, 61), 0.55, 1e-12);
   EXPECT_DOUBLE_EQ(learning_rate(schedule("linear"), 110, 111), 0.1);
@@ -109,12 +111,16 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
   const c10::Device cpu(c10::kCPU);
   double accumulated_loss = 0.0;
   for (int64_t micro = 0; micro < 4; ++micro) {
-    accumulated_loss += forward_backward(accumulated, windows.narrow(0, 2 * micro, 2), 4, cpu, false).item<double>();
+    accumulated_loss +=
+        forward_backward(accumulated, windows.narrow(0, 2 * micro, 2), 4, cpu, false)
+            .item<double>();
   }
   const double whole_loss = forward_backward(whole, windows, 1, cpu, false).item<double>();
   EXPECT_NEAR(accumulated_loss, whole_loss, 1e-6);
   for (const auto& item : accumulated->named_parameters()) {
-    EXPECT_LE(testing::relative_error(item.value().grad(), whole->named_parameters()[item.key()].grad()), 1e-6)
+    EXPECT_LE(
+        testing::relative_error(item.value().grad(), whole->named_parameters()[item.key()].grad()),
+        1e-6)
         << item.key();
   }
   AdamW first(hf_named_parameters(accumulated), {});

@@ -23,8 +23,14 @@ inline Config tiny_run(const std::filesystem::path& dir) {
     write_learnable_stream(dir / "val_000000.bin", 2000);
   }
   Config config;
-  config.model = {.vocab_size = 32, .d_model = 32, .n_layers = 2, .n_q_heads = 4, .n_kv_heads = 2,
-                  .head_dim = 8, .d_ffn = 64, .max_seq_len = 32};
+  config.model = {.vocab_size = 32,
+                  .d_model = 32,
+                  .n_layers = 2,
+                  .n_q_heads = 4,
+                  .n_kv_heads = 2,
+                  .head_dim = 8,
+                  .d_ffn = 64,
+                  .max_seq_len = 32};
   config.data.train = (dir / "train_*.bin").string();
   config.data.val = (dir / "val_*.bin").string();
   config.data.tokenizer = "";

@@ -34,7 +34,7 @@ TEST(TrainingRun, LearnsALearnableStream) {
     if (record.contains("val_loss")) val_losses.push_back(record["val_loss"].get<double>());
     if (record.contains("loss")) ++logged_steps;
   }
-  EXPECT_EQ(logged_steps, 7);  // step 1, then every 10
+  EXPECT_EQ(logged_steps, 7);        // step 1, then every 10
   ASSERT_EQ(val_losses.size(), 3u);  // steps 20, 40, 60
   EXPECT_LT(val_losses.back(), 0.2) << "from ln 32 = 3.47";
 
@@ -52,7 +52,8 @@ TEST(TrainingRun, TrainsWithoutATokenizerAtTheDefaultPath) {
   config.data.tokenizer = DataConfig{}.tokenizer;
   ASSERT_FALSE(std::filesystem::exists(config.data.tokenizer));
   train(config);
-  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000002" / "state.json"));
+  EXPECT_TRUE(
+      std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000002" / "state.json"));
 }
 
 TEST(TrainingRun, AMissingTokenizerThatWasAskedForIsAnError) {
