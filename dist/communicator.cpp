@@ -2,28 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <mpi.h>
 #include <xxhash.h>
 
-#include <chrono>
 #include <limits>
 #include <stdexcept>
-#include <thread>
 
 #include "common/error.h"
+#include "dist/mpi_polling.h"
 #include "dist/nccl_communicator.h"
 
 namespace mltrain {
 namespace {
-
-void check_mpi(int code, const char* operation) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw std::runtime_error(
-      fmt::format("{} failed: {} (did another rank die?)", operation, std::string(text, length)));
-}
 
 MPI_Datatype mpi_type(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
@@ -46,6 +35,15 @@ class DoneWork : public CollectiveWork {
   void wait() override {}
 };
 
+class KnownSum : public PendingSum {
+ public:
+  explicit KnownSum(double sum) : sum_(sum) {}
+  double wait() override { return sum_; }
+
+ private:
+  double sum_;
+};
+
 // A world of one: every collective is the identity.
 class SingleRankCommunicator : public Communicator {
  public:
@@ -55,25 +53,10 @@ class SingleRankCommunicator : public Communicator {
     return std::make_unique<DoneWork>();
   }
   void broadcast(const at::Tensor&, int) override {}
-  double all_reduce_sum(double value) override { return value; }
-};
-
-// Waits for a non-blocking MPI operation, polling, so that a peer that hangs (rather than dies,
-// which the launcher handles) ends the run after timeout_s instead of blocking it for ever.
-void wait_for(MPI_Request& request, double timeout_s, const char* operation) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  int done = 0;
-  while (true) {
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
-    if (done) return;
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw std::runtime_error(
-          fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
-                      operation, timeout_s));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return std::make_unique<KnownSum>(value);
   }
-}
+};
 
 // MPI has no bf16 type: bf16 buffers travel as pairs of bytes, summed in float by this operation.
 void sum_bf16(void* in, void* inout, int* length, MPI_Datatype*) {
@@ -93,7 +76,7 @@ class MpiAllReduceWork : public CollectiveWork {
               "MPI_Iallreduce");
   }
   void wait() override {
-    wait_for(request_, timeout_s_, "gradient all-reduce");
+    wait_for(request_, timeout_s_, all_reduce_name(tensor_));
     tensor_.div_(world_size_);
   }
 
@@ -135,16 +118,11 @@ class MpiCommunicator : public Communicator {
     check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor),
                          root, MPI_COMM_WORLD, &request),
               "MPI_Ibcast");
-    wait_for(request, timeout_s_, "broadcast");
+    wait_for(request, timeout_s_, "a broadcast");
   }
 
-  double all_reduce_sum(double value) override {
-    double sum = 0.0;
-    MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request),
-              "MPI_Iallreduce");
-    wait_for(request, timeout_s_, "all-reduce of a host value");
-    return sum;
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return start_host_sum(value, timeout_s_);
   }
 
  private:
@@ -155,6 +133,11 @@ class MpiCommunicator : public Communicator {
 };
 
 }  // namespace
+
+std::string all_reduce_name(const at::Tensor& tensor) {
+  return fmt::format("the all-reduce of {} {} values", tensor.numel(),
+                     c10::toString(tensor.scalar_type()));
+}
 
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator) {
   XXH3_state_t* state = XXH3_createState();

@@ -15,8 +15,18 @@ namespace mltrain {
 class CollectiveWork {
  public:
   virtual ~CollectiveWork() = default;
-  // Blocks until the operation's result is in place.
+  // Makes the result available to what the caller runs next. On the CPU this blocks until the
+  // result is in place. On CUDA it only orders the caller's current stream after the operation:
+  // the host goes on, and the communicator's watchdog bounds the operation by dist.timeout_s.
   virtual void wait() = 0;
+};
+
+// A sum of host values over the ranks, in flight.
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  // Blocks until the sum is known (at most dist.timeout_s) and returns it.
+  virtual double wait() = 0;
 };
 
 // Collectives among the ranks of a World. Every rank must call the same collectives in the same
@@ -30,11 +40,19 @@ class Communicator {
 
   // Replaces a contiguous tensor with its average over the ranks; asynchronous.
   virtual std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) = 0;
-  // Copies root's tensor into every rank's.
+  // Copies root's tensor into every rank's, ordered before what the caller runs next on the
+  // tensor's device (as CollectiveWork::wait).
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
-  // The sum over the ranks of a host value (losses, token counts, stop flags).
-  virtual double all_reduce_sum(double value) = 0;
+  // Starts the sum over the ranks of a host value (stop flags, token counts, hashes), so that
+  // the host can go on and collect the sum later.
+  virtual std::unique_ptr<PendingSum> start_all_reduce_sum(double value) = 0;
+
+  // The sum over the ranks of a host value, waited for.
+  double all_reduce_sum(double value) { return start_all_reduce_sum(value)->wait(); }
 };
+
+// How messages name the all-reduce of `tensor`: "the all-reduce of 1024 Float values".
+std::string all_reduce_name(const at::Tensor& tensor);
 
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);

@@ -24,6 +24,7 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
 GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
                          double bucket_mb, double first_bucket_mb, bool overlap, bool compress_bf16)
     : parameters_(std::move(parameters)),
+      grad_views_(parameters_.size()),
       bucket_of_(parameters_.size()),
       communicator_(communicator),
       overlap_(overlap),
@@ -56,12 +57,12 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
       if (parameters_[i].grad().defined()) {
         throw std::invalid_argument("GradReducer must be set up before the first backward");
       }
-      parameters_[i].mutable_grad() =
-          bucket.buffer.narrow(0, bucket.offsets[k], parameters_[i].numel())
-              .view(parameters_[i].sizes());
+      grad_views_[i] = bucket.buffer.narrow(0, bucket.offsets[k], parameters_[i].numel())
+                           .view(parameters_[i].sizes());
+      parameters_[i].mutable_grad() = grad_views_[i];
       bucket_of_[i] = b;
       torch::autograd::impl::set_post_acc_grad_hooks(
-          parameters_[i], std::make_unique<ReadyHook>([this, i] { mark_ready(i); }));
+          parameters_[i], std::make_unique<ReadyHook>([this, i] { on_gradient(i); }));
     }
     if (compress_bf16_)
       bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
@@ -76,8 +77,29 @@ GradReducer::~GradReducer() {
     torch::autograd::impl::set_post_acc_grad_hooks(parameter, nullptr);
 }
 
+void GradReducer::on_gradient(size_t parameter) {
+  keep_in_bucket(parameter);
+  if (sync_) mark_ready(parameter);
+}
+
+void GradReducer::keep_in_bucket(size_t parameter) {
+  at::Tensor& grad = parameters_[parameter].mutable_grad();
+  const at::Tensor& view = grad_views_[parameter];
+  if (grad.defined() && grad.is_alias_of(view) && grad.data_ptr() == view.data_ptr() &&
+      grad.strides() == view.strides()) {
+    return;
+  }
+  at::NoGradGuard no_grad;
+  if (!grad.defined()) {
+    view.zero_();  // an undefined .grad is a zero gradient
+  } else {
+    view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
+  }
+  grad = view;
+  ++copied_in_;
+}
+
 void GradReducer::mark_ready(size_t parameter) {
-  if (!sync_) return;
   std::lock_guard lock(mutex_);
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   if (bucket.pending == 0) throw std::logic_error("a gradient arrived twice in one backward");
@@ -100,6 +122,8 @@ void GradReducer::launch_ready_buckets(bool all) {
 }
 
 void GradReducer::finish() {
+  // Parameters that backward did not reach have had no hook to check their .grad.
+  for (size_t i = 0; i < parameters_.size(); ++i) keep_in_bucket(i);
   std::lock_guard lock(mutex_);
   launch_ready_buckets(/*all=*/true);  // buckets with unused parameters, or all without overlap
   for (Bucket& bucket : buckets_) {

@@ -2,6 +2,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -17,6 +18,11 @@ namespace mltrain {
 // backward accumulates straight into the buffer that is all-reduced: no copies. A hook after each
 // parameter's gradient accumulation counts the bucket down; when a bucket is complete it is
 // all-reduced at once (overlap) and in bucket order on every rank, while backward goes on.
+// Anything that replaces a .grad instead of accumulating into it (Module::zero_grad(), which
+// leaves it undefined; a sparse gradient; backward with create_graph, which accumulates out of
+// place) would have the bucket averaged while the optimizer reads the local gradient, and the
+// ranks would drift apart. As in DDP's reducer, the same hook and finish() check that each .grad
+// is still its bucket view and, where not, copy the gradient into the bucket and restore the view.
 class GradReducer {
  public:
   // With compress_bf16 a bucket travels as bf16 (half the bytes) and is averaged in that precision.
@@ -35,6 +41,9 @@ class GradReducer {
   // Zeroes the gradients in place (they must stay views into the buckets).
   void zero_grad();
 
+  // How many gradients were found replaced and copied back into their buckets.
+  int64_t gradients_copied_in() const { return copied_in_; }
+
  private:
   struct Bucket {
     at::Tensor buffer;               // flat gradients of its parameters
@@ -45,17 +54,21 @@ class GradReducer {
     std::unique_ptr<CollectiveWork> work;
   };
 
+  void on_gradient(size_t parameter);
+  void keep_in_bucket(size_t parameter);
   void mark_ready(size_t parameter);
   void launch_ready_buckets(bool all);
 
   std::vector<at::Tensor> parameters_;
-  std::vector<size_t> bucket_of_;  // parameter index -> bucket index
+  std::vector<at::Tensor> grad_views_;  // each parameter's gradient within its bucket
+  std::vector<size_t> bucket_of_;       // parameter index -> bucket index
   std::vector<Bucket> buckets_;
   Communicator& communicator_;
   bool overlap_;
   bool compress_bf16_;
   bool sync_ = true;
   size_t next_to_launch_ = 0;
+  std::atomic<int64_t> copied_in_ = 0;
   std::mutex mutex_;
 };
 

@@ -5,12 +5,19 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
-#include <mpi.h>
 #include <nccl.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include "common/error.h"
+#include "dist/mpi_polling.h"
+#include "dist/watchdog.h"
 
 namespace mltrain {
 namespace {
@@ -35,110 +42,122 @@ ncclDataType_t nccl_type(const at::Tensor& tensor) {
   }
 }
 
-// The non-blocking communicator shared by the communicator and its works.
+// A non-blocking NCCL communicator: calls return at once, ncclInProgress meaning "still being
+// set up or enqueued", so that every wait on it can have a deadline and abort can always run.
 class NcclComm {
  public:
-  NcclComm(const World& world, double timeout_s) : timeout_(timeout_s) {
+  NcclComm(const World& world, double timeout_s) : timeout_s_(timeout_s) {
     ncclUniqueId id;
     if (world.rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    broadcast_bytes(&id, sizeof(id), 0, timeout_s, "the broadcast of the NCCL unique id");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     check(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config),
           "ncclCommInitRankConfig");
     settle("ncclCommInitRankConfig");
   }
+  // A clean exit finalizes (flushing what is in flight) and destroys; unwinding from an error
+  // aborts, since a peer may be gone and finalizing would wait for it.
   ~NcclComm() {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (std::uncaught_exceptions() == 0 && finalize()) {
+      ncclCommDestroy(comm_);
+    } else {
+      abort();
+    }
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
   ncclComm_t get() const { return comm_; }
 
-  void check(ncclResult_t result, const char* operation) const {
+  void check(ncclResult_t result, const char* operation) {
     if (result == ncclSuccess || result == ncclInProgress) return;
+    abort();
     throw std::runtime_error(fmt::format("{} failed: {}", operation, ncclGetErrorString(result)));
   }
 
-  // Waits until the communicator has no call in progress (non-blocking mode), or fails.
+  // Waits, at most dist.timeout_s, until the last call is no longer in progress (set up or
+  // enqueued; not finished on the device).
   void settle(const char* operation) {
-    wait_until([] { return true; }, operation);
-  }
-
-  // Polls `done` and the communicator's asynchronous error; aborts after the timeout.
-  template <class Done>
-  void wait_until(Done done, const char* operation) {
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
     while (true) {
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        abort();
-        throw std::runtime_error(fmt::format("{} failed: {} (did another rank die?)", operation,
-                                             ncclGetErrorString(state)));
-      }
-      if (state == ncclSuccess && done()) return;
+      const ncclResult_t state = async_state();
+      if (state == ncclSuccess) return;
+      check(state, operation);
       if (Clock::now() > deadline) {
         abort();
-        throw std::runtime_error(
-            fmt::format("{} did not finish within dist.timeout_s = {} s: a rank died or hangs",
-                        operation, timeout_));
+        throw std::runtime_error(missed_deadline(operation, timeout_s_));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
- private:
+  // The communicator's asynchronous error, empty if none: for the watchdog's thread.
+  std::string async_error() {
+    const ncclResult_t state = async_state();
+    return state == ncclSuccess || state == ncclInProgress ? "" : ncclGetErrorString(state);
+  }
+
+  // Ends every operation in flight on this communicator; safe from any thread, and once.
   void abort() {
+    const std::lock_guard lock(mutex_);
+    if (aborted_ || comm_ == nullptr) return;
+    aborted_ = true;
     ncclCommAbort(comm_);
-    comm_ = nullptr;
+  }
+
+ private:
+  ncclResult_t async_state() {
+    const std::lock_guard lock(mutex_);
+    if (aborted_) return ncclSystemError;
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    return state;
+  }
+
+  bool finalize() {
+    if (ncclCommFinalize(comm_) != ncclSuccess && async_state() != ncclInProgress) return false;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    ncclResult_t state = async_state();
+    for (; state == ncclInProgress && Clock::now() < deadline; state = async_state())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return state == ncclSuccess;
   }
 
   ncclComm_t comm_ = nullptr;
-  double timeout_;
+  double timeout_s_;
+  std::mutex mutex_;  // abort() against the watchdog's polls
+  bool aborted_ = false;
 };
+
+// Ordered after the work enqueued so far on `stream`: what the watchdog polls.
+std::shared_ptr<at::cuda::CUDAEvent> record_on(const c10::cuda::CUDAStream& stream) {
+  auto event = std::make_shared<at::cuda::CUDAEvent>();
+  event->record(stream);
+  return event;
+}
 
 class NcclAllReduceWork : public CollectiveWork {
  public:
-  NcclAllReduceWork(NcclComm& comm, at::Tensor tensor, c10::cuda::CUDAStream stream)
-      : comm_(comm), tensor_(std::move(tensor)), stream_(stream) {}
-
-  void launch() {
-    const auto compute = c10::cuda::getCurrentCUDAStream(tensor_.device().index());
-    ready_.record(compute);
-    ready_.block(stream_);  // the gradients are complete on the compute stream first
-    comm_.check(
-        ncclAllReduce(tensor_.data_ptr(), tensor_.data_ptr(), static_cast<size_t>(tensor_.numel()),
-                      nccl_type(tensor_), ncclAvg, comm_.get(), stream_.stream()),
-        "ncclAllReduce");
-    comm_.settle("ncclAllReduce");
-    done_.record(stream_);
-    // The caching allocator must not reuse the buffer while the communication stream uses it.
-    tensor_.record_stream(stream_);
-  }
-
-  void wait() override {
-    comm_.wait_until([this] { return done_.query(); }, "gradient all-reduce");
-    done_.block(c10::cuda::getCurrentCUDAStream(tensor_.device().index()));
-  }
+  explicit NcclAllReduceWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(done_->device_index())); }
 
  private:
-  NcclComm& comm_;
-  at::Tensor tensor_;
-  c10::cuda::CUDAStream stream_;
-  at::cuda::CUDAEvent ready_;
-  at::cuda::CUDAEvent done_;
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
 };
 
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const World& world, double timeout_s)
       : world_(world),
+        timeout_s_(timeout_s),
         guard_(static_cast<c10::DeviceIndex>(world.local_rank)),
         comm_(world, timeout_s),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
-                                             static_cast<c10::DeviceIndex>(world.local_rank))) {}
+                                             static_cast<c10::DeviceIndex>(world.local_rank))),
+        watchdog_(
+            std::chrono::duration<double>(timeout_s), [this] { return comm_.async_error(); },
+            [this](const std::string& failure) { end_run(failure); }) {}
 
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
@@ -146,9 +165,18 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
     if (!tensor.is_cuda() || !tensor.is_contiguous())
       throw std::invalid_argument("NCCL all-reduce needs a contiguous CUDA tensor");
-    auto work = std::make_unique<NcclAllReduceWork>(comm_, tensor, stream_);
-    work->launch();
-    return work;
+    const auto compute = c10::cuda::getCurrentCUDAStream(tensor.device().index());
+    record_on(compute)->block(stream_);  // the tensor is complete on the compute stream first
+    comm_.check(
+        ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                      nccl_type(tensor), ncclAvg, comm_.get(), stream_.stream()),
+        "ncclAllReduce");
+    comm_.settle("ncclAllReduce");
+    // The caching allocator must not reuse the buffer while the communication stream uses it.
+    tensor.record_stream(stream_);
+    auto done = record_on(stream_);
+    watch(all_reduce_name(tensor), done);
+    return std::make_unique<NcclAllReduceWork>(std::move(done));
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
@@ -158,22 +186,39 @@ class NcclCommunicator : public Communicator {
                       nccl_type(tensor), root, comm_.get(), stream.stream()),
         "ncclBroadcast");
     comm_.settle("ncclBroadcast");
-    stream.synchronize();
+    watch("a broadcast", record_on(stream));
   }
 
-  double all_reduce_sum(double value) override {
-    double sum = 0.0;
-    if (MPI_Allreduce(&value, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
-      throw std::runtime_error("MPI_Allreduce failed (did another rank die?)");
-    }
-    return sum;
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return start_host_sum(value, timeout_s_);
   }
 
  private:
+  // Hands `operation`, done when `done` has happened on the device, to the watchdog, whose thread
+  // queries the event with this rank's GPU current.
+  void watch(std::string operation, std::shared_ptr<at::cuda::CUDAEvent> done) {
+    watchdog_.watch(std::move(operation), [done = std::move(done)] {
+      const c10::cuda::CUDAGuard device(done->device_index());
+      return done->query();
+    });
+  }
+
+  // The watchdog's verdict: a collective is stuck or NCCL failed. The host may itself be blocked
+  // on the device behind it, so the process ends here, after aborting the communicator (which
+  // frees the peers' kernels waiting on this rank).
+  void end_run(const std::string& failure) {
+    comm_.abort();
+    spdlog::error("{}", failure);
+    spdlog::default_logger()->flush();
+    std::_Exit(kExitRuntimeFailure);
+  }
+
   World world_;
-  c10::cuda::CUDAGuard guard_;
+  double timeout_s_;
+  c10::cuda::CUDAGuard guard_;  // this rank's GPU is the current device while training
   NcclComm comm_;
   c10::cuda::CUDAStream stream_;
+  Watchdog watchdog_;  // after comm_, so that it stops before comm_ finalizes
 };
 
 }  // namespace

@@ -8,6 +8,25 @@
 
 namespace mltrain {
 
+bool sdpa_needs_repeated_kv(c10::DeviceType device, c10::ScalarType query_dtype, int64_t n_q_heads,
+                            int64_t n_kv_heads) {
+  const bool half_precision = query_dtype == at::kHalf || query_dtype == at::kBFloat16;
+  return device == c10::kCUDA && !half_precision && n_q_heads != n_kv_heads;
+}
+
+at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& mask, bool is_causal,
+                              bool repeat_kv) {
+  if (repeat_kv) {
+    const int64_t group = q.size(1) / k.size(1);
+    return at::scaled_dot_product_attention(
+        q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask, /*dropout_p=*/0.0,
+        is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/false);
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, is_causal,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/true);
+}
+
 AttentionImpl::AttentionImpl(const ModelConfig& config)
     : wq(register_module("wq", torch::nn::Linear(bias_free_linear(
                                    config.d_model, config.n_q_heads * config.head_dim)))),
@@ -47,8 +66,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     const at::Tensor query_pos = at::arange(start_pos, start_pos + length, positions).unsqueeze(1);
     mask = at::arange(n_keys, positions).unsqueeze(0) <= query_pos;  // [T, n_keys]
   }
-  const at::Tensor attended = at::scaled_dot_product_attention(
-      q, k, v, mask, /*dropout_p=*/0.0, is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/true);
+  // Under autocast the projections already return the autocast dtype, so q's dtype is the one
+  // SDPA computes in.
+  const bool repeat_kv =
+      sdpa_needs_repeated_kv(q.device().type(), q.scalar_type(), n_q_heads_, n_kv_heads_);
+  const at::Tensor attended = grouped_query_sdpa(q, k, v, mask, is_causal, repeat_kv);
   return wo(attended.transpose(1, 2).reshape({batch, length, n_q_heads_ * head_dim_}));
 }
 

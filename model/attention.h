@@ -1,8 +1,13 @@
 #pragma once
 
+#include <ATen/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
+
+#include <optional>
 
 #include "model/model_config.h"
 
@@ -10,9 +15,25 @@ namespace mltrain {
 
 class KVCache;
 
+// Whether SDPA should receive keys and values repeated to the query heads rather than grouped
+// ones (enable_gqa). On CUDA, the flash and cuDNN kernels take grouped heads but only fp16/bf16,
+// and the memory-efficient kernel takes fp32 but refuses grouped heads; so fp32 with grouped heads
+// would fall to the math kernel, which builds the [B, H, T, T] scores. Repeated K/V cost
+// n_q_heads / n_kv_heads times their memory, far less than the scores. Everywhere else (the CPU,
+// fp16/bf16 on CUDA) a fused kernel takes the grouped heads.
+bool sdpa_needs_repeated_kv(c10::DeviceType device, c10::ScalarType query_dtype, int64_t n_q_heads,
+                            int64_t n_kv_heads);
+
+// SDPA of queries [B, n_q_heads, T, D] over keys and values [B, n_kv_heads, S, D], n_kv_heads
+// dividing n_q_heads: with grouped heads (enable_gqa), or with K/V repeated to the query heads
+// when repeat_kv. Either way each query head attends to the key/value head of its group.
+at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& mask, bool is_causal,
+                              bool repeat_kv);
+
 // Grouped-query causal self-attention: n_q_heads query heads share n_kv_heads key/value heads.
-// SDPA receives the un-repeated keys and values (enable_gqa), so the repeated K/V of a naive
-// implementation are never built.
+// SDPA receives the un-repeated keys and values (enable_gqa) wherever a fused kernel takes them,
+// so the repeated K/V of a naive implementation are built only where that saves the scores.
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config);

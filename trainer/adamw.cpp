@@ -36,15 +36,17 @@ AdamW::AdamW(const NamedParameters& parameters, AdamWOptions options) : options_
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const at::Tensor& skip) {
   at::NoGradGuard no_grad;
-  ++steps_;
+  const at::Tensor taken = 1.0 - skip;  // the step counts advance by 1, or by 0 when skipped
   for (Group& group : groups_) {
-    at::_foreach_add_(group.state_steps, 1.0);
+    at::_foreach_add_(group.state_steps, taken);
+    // found_inf = 1 makes the kernel return before it touches anything.
     at::_fused_adamw_(group.parameters, grads_of(group.parameters), group.exp_avgs,
                       group.exp_avg_sqs,
                       /*max_exp_avg_sqs=*/{}, group.state_steps, lr, options_.beta1, options_.beta2,
-                      group.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                      group.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, /*found_inf=*/skip);
   }
 }
 
@@ -71,19 +73,14 @@ void AdamW::load_state(const OptimizerState& saved, const std::string& source) {
   }
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : own) at::Tensor(tensor).copy_(saved.at(name));
-  // Every parameter has taken every step: any one count is the optimizer's.
-  steps_ = groups_.empty()
-               ? 0
-               : static_cast<int64_t>(groups_.front().state_steps.front().item<double>());
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> grads = grads_of(parameters);
   const at::Tensor norm = at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat).norm();
-  const double value = norm.item<double>();
-  if (max_norm > 0.0 && value > max_norm) at::_foreach_mul_(grads, max_norm / (value + 1e-6));
-  return value;
+  if (max_norm > 0.0) at::_foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp_max(1.0));
+  return norm;
 }
 
 }  // namespace mltrain

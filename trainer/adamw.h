@@ -30,9 +30,10 @@ class AdamW {
  public:
   AdamW(const NamedParameters& parameters, AdamWOptions options);
 
-  // One update with learning rate `lr` from the parameters' .grad().
-  void step(double lr);
-  int64_t steps() const { return steps_; }
+  // One update with learning rate `lr` from the parameters' .grad(), unless `skip` (a float
+  // scalar on the parameters' device) is 1: then nothing changes, not even the step counts. The
+  // decision stays on the device, so that the host need not wait for it.
+  void step(double lr, const at::Tensor& skip);
 
   // The moments and step counts, as "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.step"
   // (sharing storage with the optimizer).
@@ -52,11 +53,12 @@ class AdamW {
   };
   AdamWOptions options_;
   std::vector<Group> groups_;
-  int64_t steps_ = 0;
 };
 
 // Scales the gradients so that their global L2 norm is at most max_norm (0: no clipping) and
-// returns the norm before clipping.
-double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm);
+// returns the norm before clipping, as a float scalar on the gradients' device. As
+// torch.nn.utils.clip_grad_norm_, the scale min(1, max_norm / (norm + 1e-6)) is computed and
+// applied on the device: the host never waits for the norm.
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm);
 
 }  // namespace mltrain

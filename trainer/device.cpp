@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <torch/cuda.h>
@@ -18,7 +19,13 @@ namespace mltrain {
 c10::Device resolve_device(const std::string& setting) {
   const bool cuda = torch::cuda::is_available();
   if (setting == "cuda" && !cuda) {
-    throw UserError("train.device is cuda but no CUDA device is visible: use cpu or auto");
+    // CUDA reports a driver older than the runtime as no devices at all, so both causes look the
+    // same from here; name both.
+    throw UserError(fmt::format(
+        "train.device is cuda but no CUDA device is visible: either this machine has no GPU (or "
+        "CUDA_VISIBLE_DEVICES hides it), or its NVIDIA driver is too old for CUDA {}.{}, which "
+        "this build uses; to train on the CPU instead, add --set train.device=cpu",
+        CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10));
   }
   if (setting == "cpu" || !cuda) return c10::Device(c10::kCPU);
   return c10::Device(c10::kCUDA, 0);
@@ -27,7 +34,7 @@ c10::Device resolve_device(const std::string& setting) {
 c10::Device rank_device(const std::string& setting, const World& world) {
   const c10::Device device = resolve_device(setting);
   if (!device.is_cuda()) return device;
-  const auto visible = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t visible = at::cuda::getNumGPUs();
   if (world.local_rank >= visible) {
     throw UserError(
         fmt::format("{} ranks on this node but only {} visible GPUs: start one rank per GPU",
@@ -42,25 +49,55 @@ std::string describe_device(const c10::Device& device) {
                      at::cuda::getDeviceProperties(device.index())->name);
 }
 
-double peak_bf16_flops(const c10::Device& device) {
-  if (!device.is_cuda()) return 0.0;
-  // The first entry whose key is part of the device name wins: longer names first.
-  constexpr std::array<std::pair<std::string_view, double>, 9> kPeaks{{
-      {"H200", 989e12},
-      {"H100 PCIe", 756e12},
-      {"H100", 989e12},
-      {"A100", 312e12},
-      {"L40S", 362e12},
-      {"A10G", 70e12},
-      {"L4", 121e12},
-      {"RTX 4090", 165e12},
-      {"RTX 3090", 71e12},
-  }};
-  const std::string_view name = at::cuda::getDeviceProperties(device.index())->name;
-  for (const auto& [key, flops] : kPeaks) {
-    if (name.find(key) != std::string_view::npos) return flops;
+namespace {
+
+// Dense, bf16 inputs, fp32 accumulate, in FLOP/s, by the name CUDA reports. The datasheets
+// quote most of these with 2:4 sparsity; those are halved here. GeForce cards accumulate in fp32
+// at half their fp16-accumulate rate, and that half is the number here.
+//   NVIDIA H100 Tensor Core GPU datasheet: H100 SXM 1,979 (sparse), H100 NVL 1,671 (sparse)
+//   NVIDIA H100 PCIe GPU product brief (PB-11133-001): 1,513 (sparse)
+//   NVIDIA H200 Tensor Core GPU datasheet: H200 SXM 1,979 (sparse), H200 NVL 1,671 (sparse)
+//   NVIDIA GH200 Grace Hopper Superchip datasheet: 1,979 (sparse) | 990 (dense)
+//   NVIDIA Blackwell (HGX B200) datasheet: B200 4.5 PFLOPS (sparse)
+//   NVIDIA A100 Tensor Core GPU datasheet: 312 | 624 (sparse), every A100 40GB and 80GB part
+//   NVIDIA L40S datasheet: 362.05 | 733 (sparse)
+//   NVIDIA L40 datasheet: 181.05 | 362.1 (sparse)
+//   NVIDIA L4 Tensor Core GPU datasheet: 242 (sparse)
+//   NVIDIA A10 Tensor Core GPU datasheet: 125 | 250 (sparse)
+//   NVIDIA Ada GPU Architecture whitepaper, RTX 4090: 165.2 with fp32 accumulate (330.3 fp16)
+//   NVIDIA Ampere GA102 GPU Architecture whitepaper, RTX 3090: 71 with fp32 accumulate (142 fp16)
+constexpr std::array<std::pair<std::string_view, double>, 17> kPeakBf16Flops{{
+    {"NVIDIA H100 80GB HBM3", 989.5e12},
+    {"NVIDIA H100 PCIe", 756.5e12},
+    {"NVIDIA H100 NVL", 835.5e12},
+    {"NVIDIA H200", 989.5e12},
+    {"NVIDIA H200 NVL", 835.5e12},
+    {"NVIDIA GH200 480GB", 989.5e12},
+    {"NVIDIA B200", 2250e12},
+    {"NVIDIA A100-SXM4-80GB", 312e12},
+    {"NVIDIA A100-SXM4-40GB", 312e12},
+    {"NVIDIA A100 80GB PCIe", 312e12},
+    {"NVIDIA A100-PCIE-40GB", 312e12},
+    {"NVIDIA L40S", 362.05e12},
+    {"NVIDIA L40", 181.05e12},
+    {"NVIDIA L4", 121e12},
+    {"NVIDIA A10", 125e12},
+    {"NVIDIA GeForce RTX 4090", 165.2e12},
+    {"NVIDIA GeForce RTX 3090", 71e12},
+}};
+
+}  // namespace
+
+double peak_bf16_flops_of(std::string_view device_name) {
+  for (const auto& [name, flops] : kPeakBf16Flops) {
+    if (name == device_name) return flops;
   }
   return 0.0;
+}
+
+double peak_bf16_flops(const c10::Device& device) {
+  if (!device.is_cuda()) return 0.0;
+  return peak_bf16_flops_of(at::cuda::getDeviceProperties(device.index())->name);
 }
 
 int64_t peak_memory_bytes(const c10::Device& device) {

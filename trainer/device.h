@@ -3,13 +3,14 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <string_view>
 
 #include "dist/world.h"
 
 namespace mltrain {
 
 // The device for train.device: "auto" is the first CUDA device when one is visible, else the CPU;
-// "cuda" without a visible device is a UserError.
+// "cuda" without a visible device is a UserError that says why that may be and how to use the CPU.
 c10::Device resolve_device(const std::string& setting);
 
 // The device of this rank for train.device: on GPUs, cuda:local_rank, one GPU per rank on a node;
@@ -19,8 +20,13 @@ c10::Device rank_device(const std::string& setting, const World& world);
 // "CPU (2 threads)" or "CUDA 0: NVIDIA H200", for the run header.
 std::string describe_device(const c10::Device& device);
 
-// Dense bf16 tensor-core peak of the GPU in FLOP/s, by its name (datasheet values, without
-// sparsity); 0 for the CPU or a GPU the table does not know, where MFU is not shown.
+// Dense bf16 tensor-core peak in FLOP/s of the GPU whose name is exactly `device_name`, as CUDA
+// reports it ("NVIDIA H100 80GB HBM3"); 0 for a name the table does not know, where MFU is not
+// shown. Exact, because parts differ by a suffix ("NVIDIA L4" and "NVIDIA L40", "NVIDIA H100
+// NVL") and a MIG slice ("... MIG 1g.18gb") has only part of the peak.
+double peak_bf16_flops_of(std::string_view device_name);
+
+// peak_bf16_flops_of the device's name; 0 for the CPU.
 double peak_bf16_flops(const c10::Device& device);
 
 // Peak memory so far: the CUDA caching allocator's peak on a GPU, the process's peak resident set

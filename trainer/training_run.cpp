@@ -2,12 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -45,13 +47,30 @@ std::string duration_text(double seconds) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
-// What one optimizer step saw and did.
+// Copies device values to the host, which on CUDA waits for the device's queue to drain. Recorded
+// as "mltrain::read_device" for profilers, and for the test that steps which do not log or
+// checkpoint never read.
+at::Tensor read_to_host(const at::Tensor& values) {
+  RECORD_FUNCTION("mltrain::read_device", std::vector<c10::IValue>());
+  return values.to(at::kCPU).contiguous();
+}
+
+// What one optimizer step saw and did. The loss and the gradient norm stay on the device until
+// the host reads them, at the steps that log or checkpoint: on CUDA every read waits for the
+// device's queue to drain, and a step that reads stalls the GPU while the host catches up.
 struct StepResult {
-  double loss;       // averaged over the ranks
-  double grad_norm;  // before clipping
-  double lr;
+  int64_t step = 0;
+  at::Tensor loss;       // averaged over the ranks
+  at::Tensor grad_norm;  // before clipping
+  double lr = 0.0;
   double seconds = 0.0;
   double data_ms = 0.0;  // of `seconds`, spent waiting for the loader
+};
+
+// A step's loss and gradient norm, read by the host.
+struct StepValues {
+  double loss;
+  double grad_norm;
 };
 
 // One training run, from set-up to the last step.
@@ -65,13 +84,15 @@ class TrainingRun {
   void agree_across_ranks();
   void announce();
   StepResult train_step(int64_t step);
-  double accumulate_gradients();
-  void skip_nonfinite_step(int64_t step, const StepResult& result);
-  void record_step(int64_t step, const StepResult& result);
-  void log_step(int64_t step, const StepResult& result);
+  at::Tensor accumulate_gradients();
+  void record_step(const StepResult& result);
+  StepValues read_steps();
+  void count_skipped_step(int64_t step, const StepValues& values);
+  void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::filesystem::path save_checkpoint();
   bool any_rank_asked_to_stop();
+  void settle_stop_vote();
 
   const Config& config_;
   const World& world_;
@@ -96,8 +117,10 @@ class TrainingRun {
   int64_t tokens_per_step_;
   double flops_per_token_ = 0.0;
   Clock::time_point start_;
-  double timed_seconds_ = 0.0;  // step time after the run's first step, which includes warm-up
+  double timed_seconds_ = 0.0;      // step time after the run's first step, which includes warm-up
+  std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
+  std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
 TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
@@ -195,12 +218,18 @@ void TrainingRun::run() {
   start_ = Clock::now();
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
-    const StepResult result = train_step(step);
-    record_step(step, result);
-    if (schedule_->log_now(step)) log_step(step, result);
+    unread_.push_back(train_step(step));
+    record_step(unread_.back());
+    const bool stopping = any_rank_asked_to_stop();
+    if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
+      const StepResult result = unread_.back();
+      const StepValues values = read_steps();
+      if (schedule_->log_now(step)) log_step(result, values);
+    }
     if (schedule_->evaluate_now(step)) evaluate_now(step);
-    if (any_rank_asked_to_stop()) {
+    if (stopping) {
       const auto path = save_checkpoint();
+      settle_stop_vote();
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
                    stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
                    step, path.string());
@@ -208,6 +237,7 @@ void TrainingRun::run() {
     }
     if (schedule_->checkpoint_now(step)) save_checkpoint();
   }
+  settle_stop_vote();
   if (schedule_->stops_early()) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
                  schedule_->last_step());
@@ -219,23 +249,22 @@ void TrainingRun::run() {
 }
 
 // Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
-// rate, unless the step went non-finite.
+// rate, unless the step went non-finite. Nothing here waits for the device.
 StepResult TrainingRun::train_step(int64_t step) {
   const auto start = Clock::now();
   const double waited_before = loader_->waited_seconds();
-  StepResult result{};
+  StepResult result;
+  result.step = step;
   result.loss = accumulate_gradients();
   if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
   result.grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
   result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
-  // A non-finite loss or gradient would poison the weights and the moments for good: skip it.
-  // Every rank sees the same averaged loss and gradients, so all skip together.
-  if (std::isfinite(result.loss) && std::isfinite(result.grad_norm)) {
-    bad_steps_in_a_row_ = 0;
-    optimizer_->step(result.lr);
-  } else {
-    skip_nonfinite_step(step, result);
-  }
+  // A non-finite loss or gradient would poison the weights and the moments for good: the update
+  // is skipped, on the device. Every rank sees the same averaged loss and gradients, so all skip
+  // together; read_steps() counts the skipped steps when it reads them.
+  const at::Tensor skip =
+      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
+  optimizer_->step(result.lr, skip);
   reducer_->zero_grad();
   result.seconds = seconds_since(start);
   result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
@@ -243,30 +272,62 @@ StepResult TrainingRun::train_step(int64_t step) {
 }
 
 // Forward and backward over the step's micro-batches; only the last one's backward communicates.
-// Returns the step's loss averaged over the ranks.
-double TrainingRun::accumulate_gradients() {
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
+// Returns the step's loss averaged over the ranks, on the device.
+at::Tensor TrainingRun::accumulate_gradients() {
+  at::Tensor loss = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
     reducer_->set_sync(micro + 1 == layout_.grad_accum);
     const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
-    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
+    loss += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
   }
   reducer_->finish();
-  return communicator_->all_reduce_sum(loss_sum.item<double>()) / world_.size;
+  communicator_->all_reduce_average(loss)->wait();
+  return loss;
+}
+
+void TrainingRun::record_step(const StepResult& result) {
+  progress_.step = result.step;
+  progress_.samples_consumed += layout_.global_batch();
+  progress_.tokens_seen += tokens_per_step_;
+  progress_.learning_rate = result.lr;
+  if (result.step > schedule_->first_step()) timed_seconds_ += result.seconds;
+}
+
+// Reads the losses and gradient norms of the steps not read yet, in one copy from the device, and
+// counts the skipped ones. Returns the last step's.
+StepValues TrainingRun::read_steps() {
+  std::vector<at::Tensor> device_values;
+  for (const StepResult& result : unread_) {
+    device_values.push_back(result.loss);
+    device_values.push_back(result.grad_norm.to(at::kDouble));
+  }
+  const at::Tensor values = read_to_host(at::stack(device_values));
+  const double* value = values.data_ptr<double>();
+  const std::vector<StepResult> steps = std::exchange(unread_, {});
+  StepValues last{};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    last = {value[2 * i], value[2 * i + 1]};
+    if (std::isfinite(last.loss) && std::isfinite(last.grad_norm)) {
+      bad_steps_in_a_row_ = 0;
+    } else {
+      count_skipped_step(steps[i].step, last);
+    }
+  }
+  return last;
 }
 
 // train.max_bad_steps non-finite steps in a row stop the run: the data or the settings are bad.
-void TrainingRun::skip_nonfinite_step(int64_t step, const StepResult& result) {
+void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
   ++bad_steps_in_a_row_;
   spdlog::warn(
       "step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
       "train.max_bad_steps = {})",
-      step, result.loss, result.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
+      step, values.loss, values.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
   if (leader_)
     metrics_->write({{"step", step},
                      {"skipped", true},
-                     {"loss", result.loss},
-                     {"grad_norm", result.grad_norm}});
+                     {"loss", values.loss},
+                     {"grad_norm", values.grad_norm}});
   if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
   const auto latest = checkpoints_.latest();
   throw std::runtime_error(fmt::format(
@@ -274,15 +335,8 @@ void TrainingRun::skip_nonfinite_step(int64_t step, const StepResult& result) {
       latest ? latest->string() : "none (no checkpoint was saved yet)"));
 }
 
-void TrainingRun::record_step(int64_t step, const StepResult& result) {
-  progress_.step = step;
-  progress_.samples_consumed += layout_.global_batch();
-  progress_.tokens_seen += tokens_per_step_;
-  progress_.learning_rate = result.lr;
-  if (step > schedule_->first_step()) timed_seconds_ += result.seconds;
-}
-
-void TrainingRun::log_step(int64_t step, const StepResult& result) {
+void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
+  const int64_t step = result.step;
   const double tokens_per_s = tokens_per_step_ / result.seconds;
   const double flops = flops_per_token_ * tokens_per_s;
   const double peak_flops = peak_bf16_flops(device_) * world_.size;
@@ -295,14 +349,14 @@ void TrainingRun::log_step(int64_t step, const StepResult& result) {
   spdlog::info(
       "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
       "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-      step, schedule_->max_steps(), result.loss, result.lr, result.grad_norm, result.seconds * 1e3,
+      step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm, result.seconds * 1e3,
       result.data_ms, tokens_per_s, speed, peak_memory_bytes(device_) / 1e9,
       duration_text(mean_step * steps_left));
   if (leader_) {
     metrics_->write({{"step", step},
-                     {"loss", result.loss},
+                     {"loss", values.loss},
                      {"lr", result.lr},
-                     {"grad_norm", result.grad_norm},
+                     {"grad_norm", values.grad_norm},
                      {"step_ms", result.seconds * 1e3},
                      {"data_ms", result.data_ms},
                      {"tokens_per_s", tokens_per_s},
@@ -341,9 +395,18 @@ std::filesystem::path TrainingRun::save_checkpoint() {
 }
 
 // A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
-// agree at each step boundary, so that all of them checkpoint and stop together.
+// agree at step boundaries, so that all of them checkpoint and stop together. Each step's vote is
+// collected at the end of the next step, so that no rank waits for the others at every step: a
+// signal stops the run one step after it arrives.
 bool TrainingRun::any_rank_asked_to_stop() {
-  return communicator_->all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+  const bool stop = stop_vote_ != nullptr && stop_vote_->wait() > 0;
+  stop_vote_ = communicator_->start_all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0);
+  return stop;
+}
+
+// Every rank takes part in the last vote before the run ends.
+void TrainingRun::settle_stop_vote() {
+  if (stop_vote_ != nullptr) std::exchange(stop_vote_, nullptr)->wait();
 }
 
 }  // namespace

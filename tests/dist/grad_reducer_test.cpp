@@ -63,5 +63,40 @@ TEST(GradReducer, BackwardAccumulatesIntoTheBuckets) {
   EXPECT_TRUE(at::equal(parameters[1].grad(), at::zeros({4})));
 }
 
+// Module::zero_grad() leaves .grad undefined, and backward then makes a new tensor; a replaced
+// .grad receives backward's accumulation instead of the bucket. Either way the reducer copies the
+// gradient into its bucket and makes .grad the bucket view again.
+TEST(GradReducer, AReplacedGradIsCopiedBackIntoItsBucket) {
+  const World world;
+  const auto communicator = make_communicator(world);
+  const auto parameters = parameters_of_sizes({3, 4});
+  GradReducer reducer(parameters, *communicator, 1.0, 1.0, true);
+  const at::Tensor bucket = at::empty({0}).set_(parameters[0].grad().storage());
+  const auto backward = [&] { ((parameters[0] * 2).sum() + (parameters[1] * 3).sum()).backward(); };
+
+  backward();
+  reducer.finish();
+  EXPECT_EQ(reducer.gradients_copied_in(), 0) << "backward accumulates into the views";
+  reducer.zero_grad();
+
+  parameters[0].mutable_grad() = at::Tensor();  // as Module::zero_grad()
+  parameters[1].mutable_grad() = at::full({4}, 10.f);
+  backward();
+  reducer.finish();
+  EXPECT_EQ(reducer.gradients_copied_in(), 2);
+  EXPECT_TRUE(at::equal(bucket, at::tensor({13.f, 13.f, 13.f, 13.f, 2.f, 2.f, 2.f})));
+  for (const at::Tensor& parameter : parameters) {
+    EXPECT_TRUE(parameter.grad().is_alias_of(bucket)) << "the view is back";
+  }
+
+  // A parameter that backward does not reach, its .grad left undefined: a zero gradient.
+  reducer.zero_grad();
+  parameters[1].mutable_grad() = at::Tensor();
+  (parameters[0] * 5).sum().backward();
+  reducer.finish();
+  EXPECT_TRUE(at::equal(bucket, at::tensor({0.f, 0.f, 0.f, 0.f, 5.f, 5.f, 5.f})));
+  EXPECT_TRUE(parameters[1].grad().is_alias_of(bucket));
+}
+
 }  // namespace
 }  // namespace mltrain

@@ -1,10 +1,16 @@
-// The gradient reducer across ranks: run by ctest under `mpirun -n 2` on the CPU (MPI backend).
+// The gradient reducer and the communicator's deadlines across ranks: run by ctest under
+// `mpirun -n 2` on the CPU (MPI backend).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <torch/nn/modules/linear.h>
+
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "dist/grad_reducer.h"
+#include "dist/mpi_polling.h"
 #include "dist/world.h"
 #include "model/llama.h"
 #include "tests/dist/mpi_test_world.h"
@@ -69,6 +75,41 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
   const auto communicator = make_communicator(world);
   EXPECT_TRUE(same_on_all_ranks(with_overlap, *communicator));
   EXPECT_TRUE(same_on_all_ranks(compressed, *communicator));
+}
+
+// A .grad replaced on one rank (Module::zero_grad() leaves it undefined) must still be averaged:
+// were it left out of its bucket, that rank would step with its local gradient.
+TEST(MpiGradReducer, AveragesAGradientThatWasReplaced) {
+  torch::nn::Linear layer(torch::nn::LinearOptions(3, 2).bias(false));
+  const auto communicator = make_communicator(world);
+  GradReducer reducer(layer->parameters(), *communicator, 1.0, 1.0, /*overlap=*/true);
+  const at::Tensor weight = layer->weight;
+  const at::Tensor bucket_view = weight.grad();
+  if (world.rank == 1) layer->zero_grad();  // .grad undefined on one rank only
+  // d/dW of (rank + 1) * sum(W x) is (rank + 1) x^T: averaged over ranks 0 and 1, 1.5 x^T.
+  const at::Tensor x = at::tensor({1.f, 2.f, 3.f});
+  (static_cast<double>(world.rank + 1) * layer(x).sum()).backward();
+  reducer.finish();
+  EXPECT_TRUE(at::allclose(weight.grad(), 1.5 * x.expand({2, 3})));
+  EXPECT_TRUE(weight.grad().is_alias_of(bucket_view));
+  EXPECT_EQ(reducer.gradients_copied_in(), world.rank == 1 ? 1 : 0);
+}
+
+// Every host-side MPI wait ends at dist.timeout_s, naming what it waited for, when a rank is late.
+TEST(MpiDeadline, AWaitForALateRankEndsNamingTheOperation) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (world.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &request), "MPI_Ibarrier");
+  if (world.rank == 0) {
+    try {
+      wait_for(request, 0.2, "the test's barrier");
+      ADD_FAILURE() << "rank 1 joins after 1.5 s: the wait must end at 0.2 s";
+    } catch (const std::runtime_error& error) {
+      EXPECT_CONTAINS(std::string(error.what()),
+                      "the test's barrier did not finish within dist.timeout_s = 0.2 s");
+    }
+  }
+  wait_for(request, 60.0, "the test's barrier");  // both ranks leave it complete
 }
 
 }  // namespace

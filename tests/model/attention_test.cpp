@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "model/kv_cache.h"
 #include "model/llama.h"
@@ -47,6 +48,44 @@ TEST(Attention, GroupedQueryThroughSdpaEqualsRepeatedKeyValues) {
   const at::Tensor fast = attention(x, cos, sin);
   const at::Tensor explicit_math = repeat_kv_attention(*attention, config, x, cos, sin);
   EXPECT_LE((fast - explicit_math).abs().max().item<double>(), 1e-6);
+}
+
+// The repeated-K/V path is taken only on CUDA, but it is plain SDPA: here it must equal the
+// grouped heads, for each way forward() calls it: causal self-attention, new tokens after a cached
+// prefix (an explicit mask), and one token over the cache (neither).
+TEST(Attention, RepeatedKeyValuesEqualGroupedHeads) {
+  at::manual_seed(12);
+  struct Case {
+    int64_t queries;
+    int64_t keys;
+    bool is_causal;
+    bool explicit_mask;
+  };
+  for (const Case& c :
+       {Case{12, 12, true, false}, Case{3, 11, false, true}, Case{1, 9, false, false}}) {
+    const at::Tensor q = at::randn({2, 4, c.queries, 16});
+    const at::Tensor k = at::randn({2, 2, c.keys, 16});
+    const at::Tensor v = at::randn({2, 2, c.keys, 16});
+    std::optional<at::Tensor> mask;
+    if (c.explicit_mask) {
+      const int64_t start_pos = c.keys - c.queries;
+      const at::Tensor query_pos = at::arange(start_pos, c.keys).unsqueeze(1);
+      mask = at::arange(c.keys).unsqueeze(0) <= query_pos;
+    }
+    const at::Tensor grouped = grouped_query_sdpa(q, k, v, mask, c.is_causal, false);
+    const at::Tensor repeated = grouped_query_sdpa(q, k, v, mask, c.is_causal, true);
+    EXPECT_LE((repeated - grouped).abs().max().item<double>(), 1e-6)
+        << c.queries << " queries over " << c.keys << " keys";
+  }
+}
+
+TEST(Attention, KeyValuesAreRepeatedOnlyForGroupedHeadsOutsideHalfPrecisionOnCuda) {
+  EXPECT_TRUE(sdpa_needs_repeated_kv(c10::kCUDA, at::kFloat, 8, 2));
+  EXPECT_TRUE(sdpa_needs_repeated_kv(c10::kCUDA, at::kDouble, 8, 2));
+  EXPECT_FALSE(sdpa_needs_repeated_kv(c10::kCUDA, at::kBFloat16, 8, 2));
+  EXPECT_FALSE(sdpa_needs_repeated_kv(c10::kCUDA, at::kHalf, 8, 2));
+  EXPECT_FALSE(sdpa_needs_repeated_kv(c10::kCUDA, at::kFloat, 8, 8));
+  EXPECT_FALSE(sdpa_needs_repeated_kv(c10::kCPU, at::kFloat, 8, 2));
 }
 
 class TinyLlama : public ::testing::Test {

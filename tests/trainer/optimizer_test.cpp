@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <numbers>
 
 #include "model/hf_state_dict.h"
@@ -48,11 +49,29 @@ TEST(AdamW, FusedKernelMatchesTheClosedFormAndDecaysOnlyMatrices) {
     vector.mutable_grad() = at::randn({5});
     matrix_ref.step(matrix.grad().to(at::kDouble), lr, 0.9, 0.95, 1e-8, 0.1);
     vector_ref.step(vector.grad().to(at::kDouble), lr, 0.9, 0.95, 1e-8, /*wd=*/0.0);
-    optimizer.step(lr);
+    optimizer.step(lr, /*skip=*/at::zeros({}));
     EXPECT_LE(testing::relative_error(matrix, matrix_ref.p), 1e-6) << "step " << step;
     EXPECT_LE(testing::relative_error(vector, vector_ref.p), 1e-6) << "step " << step;
   }
-  EXPECT_EQ(optimizer.steps(), 5);
+  EXPECT_EQ(optimizer.state().at("matrix.step").item<double>(), 5.0);
+}
+
+TEST(AdamW, ASkippedStepChangesNothing) {
+  at::manual_seed(2);
+  const at::Tensor matrix = at::randn({4, 3}).requires_grad_(true);
+  AdamW optimizer({{"matrix", matrix}}, AdamWOptions{});
+  matrix.mutable_grad() = at::randn({4, 3});
+  optimizer.step(1e-2, /*skip=*/at::zeros({}));
+  const at::Tensor weights = matrix.detach().clone();
+  std::map<std::string, at::Tensor> state_before;
+  for (const auto& [name, tensor] : optimizer.state()) state_before.emplace(name, tensor.clone());
+
+  matrix.mutable_grad().fill_(NAN);  // what a skipped step would have poisoned
+  optimizer.step(1e-2, /*skip=*/at::ones({}));
+  EXPECT_TRUE(at::equal(matrix, weights));
+  for (const auto& [name, tensor] : optimizer.state())
+    EXPECT_TRUE(at::equal(tensor, state_before.at(name))) << name;
+  EXPECT_EQ(optimizer.state().at("matrix.step").item<double>(), 1.0);
 }
 
 TEST(ClipGradNorm, ScalesToTheLimitAndReportsTheNormBefore) {
@@ -60,11 +79,12 @@ TEST(ClipGradNorm, ScalesToTheLimitAndReportsTheNormBefore) {
   const at::Tensor b = at::zeros({1}).requires_grad_(true);
   a.mutable_grad() = at::tensor({3.0f, 0.0f});
   b.mutable_grad() = at::tensor({4.0f});
-  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0).item<double>(), 5.0, 1e-6);
   EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-5);
   EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
-  EXPECT_NEAR(clip_grad_norm({a, b}, 10.0), 1.0, 1e-5);  // under the limit: unchanged
-  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
+  const float clipped = b.grad()[0].item<float>();
+  EXPECT_NEAR(clip_grad_norm({a, b}, 10.0).item<double>(), 1.0, 1e-5);
+  EXPECT_EQ(b.grad()[0].item<float>(), clipped) << "under the limit: unchanged";
 }
 
 OptimConfig schedule(const std::string& name) {
@@ -125,8 +145,8 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
   }
   AdamW first(hf_named_parameters(accumulated), {});
   AdamW second(hf_named_parameters(whole), {});
-  first.step(1e-3);
-  second.step(1e-3);
+  first.step(1e-3, /*skip=*/at::zeros({}));
+  second.step(1e-3, /*skip=*/at::zeros({}));
   const auto a = accumulated->named_parameters();
   const auto b = whole->named_parameters();
   for (const auto& item : a) {

@@ -1,9 +1,12 @@
 #include "trainer/training_run.h"
 
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "common/error.h"
 #include "tests/support/test_support.h"
@@ -18,6 +21,66 @@ std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path) {
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
   return records;
+}
+
+// Counts, on this thread, the reads of device values by the host: mltrain's own (read_to_host)
+// and any .item() (aten::_local_scalar_dense). On CUDA each of them drains the device's queue.
+// The CPU AdamW kernel reads its step counts with .item() inside the fused call, which on CUDA
+// reads them on the device; those are not counted.
+class DeviceReads {
+ public:
+  DeviceReads() {
+    count_ = 0;
+    optimizer_depth_ = 0;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit));
+  }
+  ~DeviceReads() { at::removeCallback(handle_); }
+  int64_t count() const { return count_; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& call) {
+    const std::string_view name = call.name();
+    if (name == "aten::_fused_adamw_") ++optimizer_depth_;
+    if (optimizer_depth_ == 0 &&
+        (name == "mltrain::read_device" || name == "aten::_local_scalar_dense")) {
+      ++count_;
+    }
+    return nullptr;
+  }
+  static void on_exit(const at::RecordFunction& call, at::ObserverContext*) {
+    if (std::string_view(call.name()) == "aten::_fused_adamw_") --optimizer_depth_;
+  }
+  static thread_local int64_t count_;
+  static thread_local int optimizer_depth_;
+  at::CallbackHandle handle_;
+};
+thread_local int64_t DeviceReads::count_ = 0;
+thread_local int DeviceReads::optimizer_depth_ = 0;
+
+// On CUDA the host must run ahead of the device: a step that neither logs nor checkpoints reads
+// nothing back, not its loss, not its gradient norm, not whether it was skipped.
+TEST(TrainingRun, ReadsTheDeviceOnlyAtStepsThatLogOrCheckpoint) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 12;
+  config.train.log_every = 5;  // steps 1, 5, 10 and 12 log; 12 also checkpoints and evaluates
+  config.train.eval_every = 1000;
+  std::map<int64_t, int64_t> reads_after;  // step -> reads until the next step's gradients
+  int64_t counted = 0;
+  const DeviceReads reads;
+  TrainingHooks hooks;
+  hooks.after_gradients = [&](int64_t step, int, const std::vector<at::Tensor>&) {
+    reads_after[step - 1] = reads.count() - counted;
+    counted = reads.count();
+  };
+  train(config, "", World(), hooks);
+  for (int64_t step = 1; step < 12; ++step) {
+    if (step == 1 || step == 5 || step == 10) {
+      EXPECT_GT(reads_after[step], 0) << "step " << step << " logs: it reads its loss";
+    } else {
+      EXPECT_EQ(reads_after[step], 0) << "step " << step << " read the device";
+    }
+  }
 }
 
 TEST(TrainingRun, LearnsALearnableStream) {

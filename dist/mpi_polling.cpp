@@ -1,0 +1,70 @@
+#include "dist/mpi_polling.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "dist/watchdog.h"
+
+namespace mltrain {
+namespace {
+
+class MpiHostSum : public PendingSum {
+ public:
+  MpiHostSum(double value, double timeout_s) : value_(value), timeout_s_(timeout_s) {
+    check_mpi(MPI_Iallreduce(&value_, &sum_, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request_),
+              "MPI_Iallreduce");
+  }
+  MpiHostSum(const MpiHostSum&) = delete;  // MPI holds the addresses of value_ and sum_
+  MpiHostSum& operator=(const MpiHostSum&) = delete;
+
+  double wait() override {
+    if (request_ != MPI_REQUEST_NULL) wait_for(request_, timeout_s_, "all-reduce of a host value");
+    return sum_;
+  }
+
+ private:
+  double value_;
+  double sum_ = 0.0;
+  double timeout_s_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+void check_mpi(int code, const std::string& operation) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(
+      fmt::format("{} failed: {} (did another rank die?)", operation, std::string(text, length)));
+}
+
+void wait_for(MPI_Request& request, double timeout_s, const std::string& operation) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int done = 0;
+  while (true) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), operation);
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw std::runtime_error(missed_deadline(operation, timeout_s));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s) {
+  return std::make_unique<MpiHostSum>(value, timeout_s);
+}
+
+void broadcast_bytes(void* data, int bytes, int root, double timeout_s, const char* operation) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibcast(data, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &request), operation);
+  wait_for(request, timeout_s, operation);
+}
+
+}  // namespace mltrain
