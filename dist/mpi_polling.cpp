@@ -20,9 +20,17 @@ class MpiHostSum : public PendingSum {
   }
   MpiHostSum(const MpiHostSum&) = delete;  // MPI holds the addresses of value_ and sum_
   MpiHostSum& operator=(const MpiHostSum&) = delete;
+  // A sum dropped unwaited (a run unwinding from an error) must not free what MPI still writes.
+  ~MpiHostSum() override {
+    try {
+      wait();
+    } catch (const std::exception&) {  // the error being unwound from is the one to report
+    }
+  }
 
   double wait() override {
-    if (request_ != MPI_REQUEST_NULL) wait_for(request_, timeout_s_, "all-reduce of a host value");
+    if (request_ != MPI_REQUEST_NULL)
+      wait_for(request_, timeout_s_, "the all-reduce of a host value");
     return sum_;
   }
 
@@ -61,7 +69,8 @@ std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s) {
   return std::make_unique<MpiHostSum>(value, timeout_s);
 }
 
-void broadcast_bytes(void* data, int bytes, int root, double timeout_s, const char* operation) {
+void broadcast_bytes(void* data, int bytes, int root, double timeout_s,
+                     const std::string& operation) {
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibcast(data, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &request), operation);
   wait_for(request, timeout_s, operation);

@@ -23,6 +23,7 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& operati
 std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s);
 
 // Copies root's `bytes` bytes at `data` to every rank, within timeout_s.
-void broadcast_bytes(void* data, int bytes, int root, double timeout_s, const char* operation);
+void broadcast_bytes(void* data, int bytes, int root, double timeout_s,
+                     const std::string& operation);
 
 }  // namespace mltrain

@@ -44,89 +44,117 @@ ncclDataType_t nccl_type(const at::Tensor& tensor) {
 
 // A non-blocking NCCL communicator: calls return at once, ncclInProgress meaning "still being
 // set up or enqueued", so that every wait on it can have a deadline and abort can always run.
+// NCCL allows one call at a time on a communicator: a mutex orders the training threads' calls,
+// the watchdog's polls and abort.
 class NcclComm {
  public:
   NcclComm(const World& world, double timeout_s) : timeout_s_(timeout_s) {
     ncclUniqueId id;
-    if (world.rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (world.rank == 0) {
+      const ncclResult_t made = ncclGetUniqueId(&id);
+      if (made != ncclSuccess)
+        throw std::runtime_error(
+            fmt::format("ncclGetUniqueId failed: {}", ncclGetErrorString(made)));
+    }
     broadcast_bytes(&id, sizeof(id), 0, timeout_s, "the broadcast of the NCCL unique id");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    check(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config),
-          "ncclCommInitRankConfig");
+    const std::lock_guard lock(mutex_);
+    ok_or_abort(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config),
+                "ncclCommInitRankConfig");
     settle("ncclCommInitRankConfig");
   }
   // A clean exit finalizes (flushing what is in flight) and destroys; unwinding from an error
   // aborts, since a peer may be gone and finalizing would wait for it.
   ~NcclComm() {
+    const std::lock_guard lock(mutex_);
+    if (aborted_) return;
     if (std::uncaught_exceptions() == 0 && finalize()) {
       ncclCommDestroy(comm_);
-    } else {
-      abort();
+      return;
     }
+    abort_locked();
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  ncclComm_t get() const { return comm_; }
+  // Makes `call(comm)`, an NCCL call on this communicator, and waits at most dist.timeout_s for
+  // it to be enqueued (not finished on the device). A failure aborts the communicator and throws.
+  template <class Call>
+  void issue(const char* operation, Call call) {
+    const std::lock_guard lock(mutex_);
+    if (aborted_)
+      throw std::runtime_error(fmt::format("{}: the NCCL communicator was aborted", operation));
+    ok_or_abort(call(comm_), operation);
+    settle(operation);
+  }
 
-  void check(ncclResult_t result, const char* operation) {
+  // The communicator's asynchronous error, empty if none: for the watchdog's thread. Empty too
+  // once the host has aborted: the host reports its own error.
+  std::string async_error() {
+    const std::lock_guard lock(mutex_);
+    if (aborted_) return "";
+    const ncclResult_t state = async_state();
+    return state == ncclSuccess || state == ncclInProgress ? "" : ncclGetErrorString(state);
+  }
+
+  // Ends every operation in flight on this communicator; from any thread, once.
+  void abort() {
+    const std::lock_guard lock(mutex_);
+    abort_locked();
+  }
+
+ private:
+  // The members below are called with mutex_ held.
+  ncclResult_t async_state() {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    return state;
+  }
+
+  void ok_or_abort(ncclResult_t result, const char* operation) {
     if (result == ncclSuccess || result == ncclInProgress) return;
-    abort();
+    abort_locked();
     throw std::runtime_error(fmt::format("{} failed: {}", operation, ncclGetErrorString(result)));
   }
 
-  // Waits, at most dist.timeout_s, until the last call is no longer in progress (set up or
-  // enqueued; not finished on the device).
+  // Waits, at most dist.timeout_s, until the last call is no longer in progress.
   void settle(const char* operation) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (true) {
-      const ncclResult_t state = async_state();
-      if (state == ncclSuccess) return;
-      check(state, operation);
+    for (ncclResult_t state = async_state(); state != ncclSuccess; state = async_state()) {
+      ok_or_abort(state, operation);
       if (Clock::now() > deadline) {
-        abort();
+        abort_locked();
         throw std::runtime_error(missed_deadline(operation, timeout_s_));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
-  // The communicator's asynchronous error, empty if none: for the watchdog's thread.
-  std::string async_error() {
-    const ncclResult_t state = async_state();
-    return state == ncclSuccess || state == ncclInProgress ? "" : ncclGetErrorString(state);
+  bool finalize() {
+    if (const ncclResult_t started = ncclCommFinalize(comm_);
+        started != ncclSuccess && started != ncclInProgress) {
+      return false;
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    ncclResult_t state = async_state();
+    for (; state == ncclInProgress && Clock::now() < deadline; state = async_state())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (state == ncclInProgress)
+      spdlog::warn("{}: aborting the communicator",
+                   missed_deadline("ncclCommFinalize", timeout_s_));
+    return state == ncclSuccess;
   }
 
-  // Ends every operation in flight on this communicator; safe from any thread, and once.
-  void abort() {
-    const std::lock_guard lock(mutex_);
+  void abort_locked() {
     if (aborted_ || comm_ == nullptr) return;
     aborted_ = true;
     ncclCommAbort(comm_);
   }
 
- private:
-  ncclResult_t async_state() {
-    const std::lock_guard lock(mutex_);
-    if (aborted_) return ncclSystemError;
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
-    return state;
-  }
-
-  bool finalize() {
-    if (ncclCommFinalize(comm_) != ncclSuccess && async_state() != ncclInProgress) return false;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    ncclResult_t state = async_state();
-    for (; state == ncclInProgress && Clock::now() < deadline; state = async_state())
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return state == ncclSuccess;
-  }
-
   ncclComm_t comm_ = nullptr;
   double timeout_s_;
-  std::mutex mutex_;  // abort() against the watchdog's polls
+  std::mutex mutex_;
   bool aborted_ = false;
 };
 
@@ -159,6 +187,12 @@ class NcclCommunicator : public Communicator {
             std::chrono::duration<double>(timeout_s), [this] { return comm_.async_error(); },
             [this](const std::string& failure) { end_run(failure); }) {}
 
+  // At a clean exit every operation in flight finishes (or the watchdog fires) before the
+  // communicator is finalized.
+  ~NcclCommunicator() override {
+    if (std::uncaught_exceptions() == 0) watchdog_.drain();
+  }
+
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
@@ -167,11 +201,11 @@ class NcclCommunicator : public Communicator {
       throw std::invalid_argument("NCCL all-reduce needs a contiguous CUDA tensor");
     const auto compute = c10::cuda::getCurrentCUDAStream(tensor.device().index());
     record_on(compute)->block(stream_);  // the tensor is complete on the compute stream first
-    comm_.check(
-        ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                      nccl_type(tensor), ncclAvg, comm_.get(), stream_.stream()),
-        "ncclAllReduce");
-    comm_.settle("ncclAllReduce");
+    comm_.issue("ncclAllReduce", [&](ncclComm_t comm) {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
+                           static_cast<size_t>(tensor.numel()), nccl_type(tensor), ncclAvg, comm,
+                           stream_.stream());
+    });
     // The caching allocator must not reuse the buffer while the communication stream uses it.
     tensor.record_stream(stream_);
     auto done = record_on(stream_);
@@ -180,12 +214,14 @@ class NcclCommunicator : public Communicator {
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
+    if (!tensor.is_cuda() || !tensor.is_contiguous())
+      throw std::invalid_argument("NCCL broadcast needs a contiguous CUDA tensor");
     const auto stream = c10::cuda::getCurrentCUDAStream(tensor.device().index());
-    comm_.check(
-        ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                      nccl_type(tensor), root, comm_.get(), stream.stream()),
-        "ncclBroadcast");
-    comm_.settle("ncclBroadcast");
+    comm_.issue("ncclBroadcast", [&](ncclComm_t comm) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
+                           static_cast<size_t>(tensor.numel()), nccl_type(tensor), root, comm,
+                           stream.stream());
+    });
     watch("a broadcast", record_on(stream));
   }
 
@@ -204,12 +240,17 @@ class NcclCommunicator : public Communicator {
   }
 
   // The watchdog's verdict: a collective is stuck or NCCL failed. The host may itself be blocked
-  // on the device behind it, so the process ends here, after aborting the communicator (which
-  // frees the peers' kernels waiting on this rank).
+  // on the device behind it, so the process ends here. The message goes out first; abort (which
+  // ends this rank's kernels waiting on its peers) can itself block, so a timer ends the process
+  // should it not return.
   void end_run(const std::string& failure) {
-    comm_.abort();
     spdlog::error("{}", failure);
     spdlog::default_logger()->flush();
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(kExitRuntimeFailure);
+    }).detach();
+    comm_.abort();
     std::_Exit(kExitRuntimeFailure);
   }
 

@@ -67,14 +67,23 @@ void Watchdog::poll_until_stopped() {
 }
 
 std::string Watchdog::check(std::vector<Watched>& watched) {
-  if (std::string error = transport_error_(); !error.empty()) {
-    return watched.empty() ? error
-                           : fmt::format("{} failed: {} (did another rank die?)",
-                                         watched.front().operation, error);
+  const std::string oldest = watched.empty() ? "the communicator" : watched.front().operation;
+  std::string error;
+  try {
+    error = transport_error_();
+  } catch (const std::exception& failure) {
+    error = failure.what();
   }
+  if (!error.empty()) return fmt::format("{} failed: {} (did another rank die?)", oldest, error);
   const auto now = std::chrono::steady_clock::now();
   for (auto it = watched.begin(); it != watched.end();) {
-    if (it->done()) {
+    bool done = false;
+    try {
+      done = it->done();
+    } catch (const std::exception& failure) {  // a CUDA error, which stays for the process
+      return fmt::format("{} failed: {}", it->operation, failure.what());
+    }
+    if (done) {
       it = watched.erase(it);
     } else if (now > it->deadline) {
       return missed_deadline(it->operation, std::chrono::duration<double>(timeout_).count());

@@ -79,7 +79,11 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> grads = grads_of(parameters);
   const at::Tensor norm = at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat).norm();
-  if (max_norm > 0.0) at::_foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp_max(1.0));
+  // The scale in double, then float: the value a host-side max_norm / (norm + 1e-6) would give.
+  if (max_norm > 0.0) {
+    at::_foreach_mul_(grads,
+                      (max_norm / (norm.to(at::kDouble) + 1e-6)).clamp_max(1.0).to(at::kFloat));
+  }
   return norm;
 }
 

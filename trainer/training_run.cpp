@@ -63,14 +63,15 @@ struct StepResult {
   at::Tensor loss;       // averaged over the ranks
   at::Tensor grad_norm;  // before clipping
   double lr = 0.0;
-  double seconds = 0.0;
-  double data_ms = 0.0;  // of `seconds`, spent waiting for the loader
+  double data_ms = 0.0;  // spent waiting for the loader
 };
 
-// A step's loss and gradient norm, read by the host.
+// A step's loss and gradient norm, read by the host, and the mean wall time of the steps read
+// with it: on CUDA a step's own host time is only the time to enqueue it.
 struct StepValues {
   double loss;
   double grad_norm;
+  double seconds_per_step;
 };
 
 // One training run, from set-up to the last step.
@@ -117,7 +118,9 @@ class TrainingRun {
   int64_t tokens_per_step_;
   double flops_per_token_ = 0.0;
   Clock::time_point start_;
-  double timed_seconds_ = 0.0;      // step time after the run's first step, which includes warm-up
+  double timed_seconds_ = 0.0;  // wall time of the steps after the run's first (its warm-up)
+  int64_t timed_steps_ = 0;
+  Clock::time_point unread_since_;  // when the first of the unread steps started
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
@@ -218,6 +221,7 @@ void TrainingRun::run() {
   start_ = Clock::now();
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
+    if (unread_.empty()) unread_since_ = Clock::now();
     unread_.push_back(train_step(step));
     record_step(unread_.back());
     const bool stopping = any_rank_asked_to_stop();
@@ -251,7 +255,6 @@ void TrainingRun::run() {
 // Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
 // rate, unless the step went non-finite. Nothing here waits for the device.
 StepResult TrainingRun::train_step(int64_t step) {
-  const auto start = Clock::now();
   const double waited_before = loader_->waited_seconds();
   StepResult result;
   result.step = step;
@@ -266,7 +269,6 @@ StepResult TrainingRun::train_step(int64_t step) {
       at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
   optimizer_->step(result.lr, skip);
   reducer_->zero_grad();
-  result.seconds = seconds_since(start);
   result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
   return result;
 }
@@ -274,13 +276,15 @@ StepResult TrainingRun::train_step(int64_t step) {
 // Forward and backward over the step's micro-batches; only the last one's backward communicates.
 // Returns the step's loss averaged over the ranks, on the device.
 at::Tensor TrainingRun::accumulate_gradients() {
-  at::Tensor loss = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
   for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
     reducer_->set_sync(micro + 1 == layout_.grad_accum);
     const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
-    loss += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
+    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
   }
   reducer_->finish();
+  // Averaged in double, so that the ranks' sum rounds as little as a host sum would.
+  const at::Tensor loss = loss_sum.to(at::kDouble);
   communicator_->all_reduce_average(loss)->wait();
   return loss;
 }
@@ -290,7 +294,6 @@ void TrainingRun::record_step(const StepResult& result) {
   progress_.samples_consumed += layout_.global_batch();
   progress_.tokens_seen += tokens_per_step_;
   progress_.learning_rate = result.lr;
-  if (result.step > schedule_->first_step()) timed_seconds_ += result.seconds;
 }
 
 // Reads the losses and gradient norms of the steps not read yet, in one copy from the device, and
@@ -302,11 +305,16 @@ StepValues TrainingRun::read_steps() {
     device_values.push_back(result.grad_norm.to(at::kDouble));
   }
   const at::Tensor values = read_to_host(at::stack(device_values));
+  const double seconds = seconds_since(unread_since_);
   const double* value = values.data_ptr<double>();
   const std::vector<StepResult> steps = std::exchange(unread_, {});
+  if (steps.front().step > schedule_->first_step()) {
+    timed_seconds_ += seconds;
+    timed_steps_ += static_cast<int64_t>(steps.size());
+  }
   StepValues last{};
   for (size_t i = 0; i < steps.size(); ++i) {
-    last = {value[2 * i], value[2 * i + 1]};
+    last = {value[2 * i], value[2 * i + 1], seconds / static_cast<double>(steps.size())};
     if (std::isfinite(last.loss) && std::isfinite(last.grad_norm)) {
       bad_steps_in_a_row_ = 0;
     } else {
@@ -337,27 +345,26 @@ void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
 
 void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
   const int64_t step = result.step;
-  const double tokens_per_s = tokens_per_step_ / result.seconds;
+  const double tokens_per_s = tokens_per_step_ / values.seconds_per_step;
   const double flops = flops_per_token_ * tokens_per_s;
   const double peak_flops = peak_bf16_flops(device_) * world_.size;
-  const int64_t timed_steps = step - schedule_->first_step();
-  const double mean_step =
-      timed_steps > 0 ? timed_seconds_ / static_cast<double>(timed_steps) : result.seconds;
+  const double mean_step = timed_steps_ > 0 ? timed_seconds_ / static_cast<double>(timed_steps_)
+                                            : values.seconds_per_step;
   const auto steps_left = static_cast<double>(schedule_->last_step() - step);
   const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
                                            : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
   spdlog::info(
       "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
       "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-      step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm, result.seconds * 1e3,
-      result.data_ms, tokens_per_s, speed, peak_memory_bytes(device_) / 1e9,
-      duration_text(mean_step * steps_left));
+      step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm,
+      values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed,
+      peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
   if (leader_) {
     metrics_->write({{"step", step},
                      {"loss", values.loss},
                      {"lr", result.lr},
                      {"grad_norm", values.grad_norm},
-                     {"step_ms", result.seconds * 1e3},
+                     {"step_ms", values.seconds_per_step * 1e3},
                      {"data_ms", result.data_ms},
                      {"tokens_per_s", tokens_per_s},
                      {"flops_per_s", flops},

@@ -9,6 +9,7 @@
 #include "model/attention.h"
 #include "model/model_config.h"
 #include "model/rotary.h"
+#include "trainer/precision.h"
 
 namespace mltrain {
 namespace {
@@ -100,6 +101,29 @@ TEST(AttentionBackend, Fp32ForwardOnCudaEqualsTheCpu) {
   }
   EXPECT_LE((on_cuda - on_cpu).abs().max().item<double>(), 1e-4)
       << "largest |output| " << on_cpu.abs().max().item<double>();
+}
+
+// The module under bf16 autocast, forward and backward, as training runs it: with the math
+// kernel off it runs only if its own call keeps q in bf16 and takes a fused kernel.
+TEST(AttentionBackend, Bf16ModuleTrainsWithoutTheMathKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  at::manual_seed(23);
+  ModelConfig config;
+  Attention attention(config);
+  attention->to(at::kCUDA);
+  Rotary rotary(config.head_dim, config.max_seq_len, config.rope_theta);
+  const at::Tensor x =
+      at::randn({2, kLength, config.d_model}, at::TensorOptions().device(at::kCUDA));
+  const at::Tensor cos = rotary->cos(0, kLength).cuda(), sin = rotary->sin(0, kLength).cuda();
+  const WithoutMathKernel no_math;
+  at::Tensor out;
+  {
+    const AutocastGuard autocast(at::Device(at::kCUDA), /*enabled=*/true);
+    out = attention(x, cos, sin);
+  }
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  EXPECT_NO_THROW(out.to(at::kFloat).square().mean().backward());
+  EXPECT_TRUE(attention->wq->weight.grad().defined());
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
 //   kill-rank-1              rank 1 of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank-1              rank 1 of a multi-rank run sleeps for an hour in step 3
+//   forbid-host-sync:A-B     from the gradients of each step A..B to the next step's, any call
+//                            that makes the host wait for the GPU throws (CUDA's sync debug mode)
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -41,6 +44,7 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   mltrain::TrainingHooks hooks;
   std::vector<std::function<void(int64_t, int, const std::vector<at::Tensor>&)>> after_gradients;
   const std::string nonfinite = "nonfinite-gradients:";
+  const std::string forbid_sync = "forbid-host-sync:";
   for (const std::string& fault : faults) {
     if (fault == "kill-during-checkpoint") {
       hooks.during_checkpoint_write = [](const std::filesystem::path&) { std::raise(SIGKILL); };
@@ -55,6 +59,14 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
           [first, last](int64_t step, int, const std::vector<at::Tensor>& parameters) {
             if (step >= first && step <= last) parameters.front().grad().fill_(NAN);
           });
+    } else if (fault.starts_with(forbid_sync)) {
+      const auto [first, last] = step_range(fault.substr(forbid_sync.size()));
+      after_gradients.emplace_back([first, last](int64_t step, int,
+                                                 const std::vector<at::Tensor>&) {
+        c10::cuda::warning_state().set_sync_debug_mode(step >= first && step <= last
+                                                           ? c10::cuda::SyncDebugMode::L_ERROR
+                                                           : c10::cuda::SyncDebugMode::L_DISABLED);
+      });
     } else if (fault == "kill-rank-1" || fault == "hang-rank-1") {
       const bool kill = fault == "kill-rank-1";
       after_gradients.emplace_back([kill](int64_t step, int rank, const std::vector<at::Tensor>&) {
