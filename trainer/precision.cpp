@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/cpu/Utils.h>
 #include <spdlog/spdlog.h>
 
 namespace mltrain {
@@ -30,12 +31,22 @@ at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device devic
   return next_token_loss(model(window.narrow(1, 0, length)), window.narrow(1, 1, length));
 }
 
+bool cpu_has_bf16_units() {
+  const auto capabilities = at::cpu::get_cpu_capabilities();
+  for (const char* unit : {"amx_bf16", "avx512_bf16"}) {
+    const auto found = capabilities.find(unit);
+    if (found != capabilities.end() && found->second.isBool() && found->second.toBool())
+      return true;
+  }
+  return false;
+}
+
 bool use_bf16_autocast(const std::string& precision, c10::Device device) {
   if (precision != "bf16") return false;
-  if (device.is_cpu()) {
+  if (device.is_cpu() && !cpu_has_bf16_units()) {
     spdlog::warn(
-        "train.precision bf16 on the CPU: autocast runs, but most CPUs lack native bf16 "
-        "and run it slower than fp32 (set train.precision: fp32)");
+        "train.precision bf16 on a CPU without bf16 units (AMX-BF16 or AVX512-BF16): autocast "
+        "runs, but emulated and slower than fp32 (set train.precision: fp32)");
   }
   return true;
 }

@@ -4,6 +4,10 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+#include <string>
+
 namespace mltrain {
 namespace {
 
@@ -34,6 +38,21 @@ TEST(AutocastGuard, DisabledGuardChangesNothing) {
 TEST(Bf16Autocast, FollowsTrainPrecision) {
   EXPECT_TRUE(use_bf16_autocast("bf16", c10::Device(c10::kCPU)));
   EXPECT_FALSE(use_bf16_autocast("fp32", c10::Device(c10::kCPU)));
+}
+
+// The kernel's own list of the CPU's flags is the independent reference.
+TEST(Bf16Autocast, FindsTheCpusBf16UnitsAsTheKernelListsThem) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  bool listed = false;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (!line.starts_with("flags")) continue;
+    std::istringstream flags(line);
+    for (std::string flag; flags >> flag;)
+      listed = listed || flag == "amx_bf16" || flag == "avx512_bf16";
+    break;
+  }
+  EXPECT_EQ(cpu_has_bf16_units(), listed);
 }
 
 }  // namespace
