@@ -1,5 +1,6 @@
 // mltrain as a user runs it: what it prints and how it exits.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "common/error.h"
 #include "tests/support/test_support.h"
@@ -26,6 +27,19 @@ TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
   EXPECT_CONTAINS(run.output, "layers.*.attn.wq");
   EXPECT_CONTAINS(run.output, "35,926,528");
   EXPECT_CONTAINS(run.output, "training FLOPs per token: 291.06 MFLOP");
+}
+
+// base.yaml asks for CUDA: on a machine where CUDA cannot start, eight ranks must not quietly
+// train on the CPU. One line, exit 2, and the run directory is not created.
+TEST(MltrainCli, BaseConfigWithoutAGpuSaysHowToRunOnTheCpu) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible";
+  testing::TemporaryDirectory dir;
+  const CommandResult run = mltrain(kBase + " --set train.run_dir=" + (dir / "run").string());
+  EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
+  EXPECT_CONTAINS(run.output, "no CUDA device is visible");
+  EXPECT_CONTAINS(run.output, "--set train.device=cpu");
+  EXPECT_EQ(lines(run.output), 1u) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 
 TEST(MltrainCli, DumpConfigPrintsTheEffectiveConfig) {
