@@ -6,6 +6,15 @@
 # the warm-up, and the markdown table on stdout gives the median over repetitions, the spread and
 # the ratios mltrain/eager and mltrain/compile. It exits 1 when a variant has no result.
 #
+# The table also gives each implementation's achieved FLOP/s, tokens/s x FLOPs per token by
+# PaLM's formula (appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len, N every parameter
+# (the tied embedding once), and that as a fraction of this machine's matrix-product rate in the
+# same precision: bench/matmul_rate.py, run once first with the same device, threads and model
+# shapes (the FLOP-weighted rate of a micro-batch's GEMMs). For mltrain it adds the overheads from
+# its metrics.jsonl, medians over the timed steps: the loader wait, data_ms / step_ms, and the time
+# outside forward, backward and the optimizer step, 1 - (data_ms + forward_backward_ms +
+# optimizer_ms) / step_ms (where the rows have those keys), and the peak memory it logged.
+#
 #   bench/train_throughput.sh [--device cpu|cuda] [--model base|small] [--precision bf16|fp32]
 #                             [--steps N] [--warmup N] [--reps N] [--log FILE]
 #
@@ -17,6 +26,8 @@
 #   BENCH_BUDGET_S   seconds for the whole benchmark: runs are cut off there (default: no limit)
 #   BENCH_DATA       shards mltrain reads (default bench/gpu-packages/shards, else data/demo);
 #                    the reference draws random tokens
+#   BENCH_MATMUL_FLOPS  this precision's matrix-product rate in FLOP/s, instead of measuring it
+#   BENCH_MATMUL     0: neither measure nor report the matrix-product rate (default 1)
 #   MLTRAIN_BIN_DIR  where mltrain is (default build/bin)
 #   MLTRAIN_PYTHON   the Python with torch (default the project's venv, else python3)
 set -euo pipefail
@@ -47,6 +58,8 @@ data=${BENCH_DATA:-$data}
 threads=${BENCH_THREADS:-$(nproc)}
 variants=${BENCH_VARIANTS:-mltrain eager compile}
 budget=${BENCH_BUDGET_S:-0}
+matmul_flops=${BENCH_MATMUL_FLOPS:-}
+matmul=${BENCH_MATMUL:-1}
 
 # vocab_size d_model n_layers n_q_heads n_kv_heads head_dim d_ffn; seq_len micro_batch grad_accum
 case $model in
@@ -69,6 +82,13 @@ bounded() {
   if ((budget > 0)); then timeout "$((budget - (SECONDS - start_s)))" "$@"; else "$@"; fi
 }
 
+# Whether the budget, if there is one, still has 10 s for another run.
+time_left() {
+  ((budget == 0 || budget - (SECONDS - start_s) >= 10))
+}
+
+# Prints the run's figures from its metrics.jsonl (bench/metrics_summary.py): tokens_per_s, and
+# loader_pct, outside_pct and peak_memory_bytes where the build logs what they need.
 run_mltrain() {
   local run_dir=$work/mltrain_run last=$((warmup + steps)) sets=() setting
   rm -rf "$run_dir"
@@ -84,12 +104,7 @@ run_mltrain() {
     sets+=(--set "$setting")
   done
   bounded "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" || return
-  "$python" - "$run_dir/metrics.jsonl" "$warmup" <<'EOF'
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > int(sys.argv[2])]
-print(f"tokens_per_s {statistics.median(rates):.1f}")
-EOF
+  "$python" "$repo/bench/metrics_summary.py" "$run_dir/metrics.jsonl" --warmup "$warmup"
 }
 
 run_reference() {
@@ -101,11 +116,33 @@ run_reference() {
   PYTHONUNBUFFERED=1 bounded "$python" "$repo/bench/reference_train.py" "${flags[@]}"
 }
 
-# One run, its output appended to the log; prints its tokens/s, or nothing when it failed or the
-# budget has no time left for it.
+# This machine's matrix-product rate in FLOP/s at the run's precision, shapes and threads, its
+# output appended to the log; prints nothing when it failed or the budget has no time for it.
+measure_matmul_rate() {
+  local output rc=0
+  if ! time_left; then
+    echo "=== bench/matmul_rate.py: not run, the ${budget} s budget is spent" >>"$log"
+    return
+  fi
+  echo "=== bench/matmul_rate.py" >>"$log"
+  output=$(bounded "$python" "$repo/bench/matmul_rate.py" --device "$device" \
+    --precision "$precision" --threads "$threads" --vocab-size "${dims[0]}" \
+    --d-model "${dims[1]}" --n-layers "${dims[2]}" --n-q-heads "${dims[3]}" \
+    --n-kv-heads "${dims[4]}" --head-dim "${dims[5]}" --d-ffn "${dims[6]}" \
+    --seq-len "$seq_len" --micro-batch "$micro_batch" 2>&1) || rc=$?
+  printf '%s\n' "$output" >>"$log"
+  if ((rc != 0)); then
+    echo "=== bench/matmul_rate.py failed with exit code $rc" >>"$log"
+    return
+  fi
+  sed -n "s/^${precision}_flops_per_s //p" <<<"$output" | tail -1
+}
+
+# One run, its output appended to the log; prints its tokens/s line (and mltrain's overheads and
+# peak memory lines), or nothing when it failed or the budget has no time left for it.
 measure() {
   local variant=$1 rep=$2 output rc=0
-  if ((budget > 0 && budget - (SECONDS - start_s) < 10)); then
+  if ! time_left; then
     echo "=== $variant, repetition $rep: not run, the ${budget} s budget is spent" >>"$log"
     return
   fi
@@ -120,46 +157,107 @@ measure() {
     echo "=== $variant failed with exit code $rc$( ((rc == 124)) && echo ', out of time')" >>"$log"
     return
   fi
-  sed -n 's/^tokens_per_s //p' <<<"$output" | tail -1
+  grep -E '^(tokens_per_s|loader_pct|outside_pct|peak_memory_bytes) ' <<<"$output" || true
 }
 
-declare -A rates
 echo "[train_throughput] $model model on $device, $precision, $tokens_per_step tokens per step," \
   "$steps timed steps after $warmup, $reps repetitions; log: $log" >&2
+matmul_source="measured by bench/matmul_rate.py just before the runs"
+if [[ -n $matmul_flops ]]; then
+  matmul_source="given by BENCH_MATMUL_FLOPS"
+elif [[ $matmul == 0 ]]; then
+  matmul_source="not measured: BENCH_MATMUL=0"
+else
+  matmul_flops=$(measure_matmul_rate)
+  echo "[train_throughput] $precision matrix-product rate:" \
+    "${matmul_flops:-no result (see the log)} FLOP/s" >&2
+fi
+
+declare -A rates
+loader="" outside="" peak_memory=""
 for ((rep = 1; rep <= reps; ++rep)); do
   for variant in $variants; do
-    rate=$(measure "$variant" "$rep")
-    [[ -n $rate ]] && rates[$variant]+="$rate "
+    result=$(measure "$variant" "$rep")
+    rate=$(sed -n 's/^tokens_per_s //p' <<<"$result" | tail -1)
+    if [[ -n $rate ]]; then
+      rates[$variant]+="$rate "
+      if [[ $variant == mltrain ]]; then
+        loader+="$(sed -n 's/^loader_pct //p' <<<"$result" | tail -1) "
+        outside+="$(sed -n 's/^outside_pct //p' <<<"$result" | tail -1) "
+        peak_memory+="$(sed -n 's/^peak_memory_bytes //p' <<<"$result" | tail -1) "
+      fi
+    fi
     echo "[train_throughput] repetition $rep, $variant: ${rate:-no result (see the log)} tokens/s" >&2
   done
 done
 
 "$python" - "$model" "$device" "$precision" "$tokens_per_step" "$steps" "$warmup" "$threads" \
-  "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" <<'EOF' | tee -a "$log"
+  "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" "${dims[*]}" \
+  "$seq_len" "$matmul_flops" "$matmul_source" "$loader" "$outside" "$peak_memory" \
+  <<'EOF' | tee -a "$log"
 import statistics, sys
 model, device, precision, tokens, steps, warmup, threads, variants = sys.argv[1:9]
 names = ["mltrain", "PyTorch eager", "PyTorch torch.compile"]
 runs = {name: [float(x) for x in values.split()]
         for name, variant, values in zip(names, ["mltrain", "eager", "compile"], sys.argv[9:12])
         if variant in variants.split()}
+V, d, L, H, KV, D, F = (int(x) for x in sys.argv[12].split())
+T = int(sys.argv[13])
+matmul = float(sys.argv[14]) if sys.argv[14] else None
+matmul_source = sys.argv[15]
+loader, outside = ([float(x) for x in arg.split()] for arg in sys.argv[16:18])
+peaks = [int(x) for x in sys.argv[18].split()]
+# PaLM (Chowdhery et al. 2022), appendix B: 6 N + 12 L H D T per token, N every parameter.
+N = V * d + L * (d * H * D + 2 * d * KV * D + H * D * d + 3 * d * F + 2 * d) + d
+dense, attention = 6 * N, 12 * L * H * D * T
+flops_per_token = dense + attention
+
+where = f"{threads} CPU threads" if device == "cpu" else f"one {device} device"
 print(f"\n### Training throughput: {model} model, {device}, {precision}\n")
-print(f"{tokens} tokens per step, {threads} CPU threads; a run's figure is the median of its "
+print(f"{tokens} tokens per step, {where}; a run's figure is the median of its "
       f"{steps} steps after {warmup} warm-up steps\n")
-print("| implementation | tokens/s, median of runs | spread, min to max | runs |")
-print("| --- | ---: | ---: | ---: |")
+print(f"| implementation | tokens/s, median of runs | spread, min to max | runs "
+      f"| achieved GFLOP/s | of the {precision} matmul rate |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
 medians = {}
 for name, values in runs.items():
     if not values:
-        print(f"| {name} | no result | | 0 |")
+        print(f"| {name} | no result | | 0 | | |")
         continue
     medians[name] = statistics.median(values)
     spread = (max(values) - min(values)) / medians[name] * 100
+    achieved = medians[name] * flops_per_token
+    fraction = f"{achieved / matmul * 100:.1f}%" if matmul else "not measured"
     print(f"| {name} | {medians[name]:,.0f} | {min(values):,.0f} to {max(values):,.0f} "
-          f"({spread:.1f}%) | {len(values)} |")
+          f"({spread:.1f}%) | {len(values)} | {achieved / 1e9:,.1f} | {fraction} |")
 ratios = [f"mltrain/{short}: {medians['mltrain'] / medians[other]:.2f}x"
           for short, other in [("eager", names[1]), ("compile", names[2])]
           if "mltrain" in medians and other in medians]
 print("\n" + ("; ".join(ratios) if ratios else "no ratio: mltrain or both references have no result"))
+print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len = "
+      f"6 x {N:,} + 12 x {L} x {H} x {D} x {T} = {flops_per_token / 1e6:,.1f} MFLOP; N is every "
+      f"parameter, the tied embedding once: V d + n_layers (d H D + 2 d KV D + H D d + 3 d d_ffn "
+      f"+ 2 d) + d, with V {V}, d {d}, H {H}, KV {KV}, D {D}, d_ffn {F}.")
+if matmul:
+    print(f"\nMatrix-product rate, {precision}: {matmul / 1e9:,.1f} GFLOP/s, the FLOP-weighted rate "
+          f"of a micro-batch's GEMMs at these shapes and threads ({matmul_source}).")
+else:
+    reason = matmul_source if "BENCH_MATMUL=0" in matmul_source else "no result (see the log)"
+    print(f"\nMatrix-product rate, {precision}: {reason}.")
+if runs.get("mltrain"):
+    def text(values):
+        if not values:
+            return "not in its metrics.jsonl"
+        median = statistics.median(values)
+        return "under 0.01%" if 0 <= median < 0.01 else f"{median:.2f}%"
+    print(f"\nmltrain's overheads, the median over runs of the median over timed steps, in "
+          f"percent of the step time: loader wait {text(loader)} (target under 1%); time outside "
+          f"forward, backward and the optimizer step {text(outside)} (target under 2%)."
+          + (" On a GPU these are host times: a phase ends once its work is queued, so the wait "
+             "for the device counts as outside." if device == "cuda" else ""))
+    if peaks:
+        print(f"mltrain's peak memory, as it logs it (RSS on the CPU, the CUDA allocator's peak on "
+              f"a GPU; rank 0): {max(peaks) / 2**20:,.0f} MiB.")
 EOF
 
 # A variant without a result fails the benchmark, after its table.

@@ -67,6 +67,20 @@ target_link_libraries(mltrain_torch INTERFACE torch)
 # first among the executable's libraries, so the dynamic linker binds std:: symbols to it.
 target_link_options(mltrain_torch INTERFACE "LINKER:--push-state,--no-as-needed" -lstdc++ "LINKER:--pop-state")
 
+# ATen's at::parallel_for is inline: compiled without -fopenmp it runs serially, in the caller's
+# thread, so mltrain's own CPU kernels would use one core. With -fopenmp its OpenMP regions must
+# run on LibTorch's thread pool, not a second one: the wheel ships its own libgomp.so.1, and
+# linking that one (not the compiler's -lgomp) makes both the same runtime, sized by
+# at::set_num_threads. Every target compiles with the flag, so that they share one precompiled
+# header.
+find_library(MLTRAIN_TORCH_GOMP NAMES libgomp.so.1 gomp HINTS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+if(MLTRAIN_TORCH_GOMP)
+  target_compile_options(mltrain_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp>)
+  target_link_libraries(mltrain_torch INTERFACE "${MLTRAIN_TORCH_GOMP}")
+else()
+  message(WARNING "No libgomp beside LibTorch in ${TORCH_INSTALL_PREFIX}/lib: mltrain's CPU kernels run on one thread")
+endif()
+
 # NCCL from the wheel's nvidia-nccl package: the library LibTorch itself loads, found beside torch.
 get_filename_component(_site_packages "${_torch_prefix}/../../.." ABSOLUTE)
 find_path(MLTRAIN_NCCL_INCLUDE_DIR nccl.h HINTS "${_site_packages}/nvidia/nccl/include" NO_DEFAULT_PATH)

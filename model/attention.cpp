@@ -45,8 +45,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].
-  at::Tensor q = apply_rotary(wq(x).view({batch, length, n_q_heads_, head_dim_}), cos, sin);
-  at::Tensor k = apply_rotary(wk(x).view({batch, length, n_kv_heads_, head_dim_}), cos, sin);
+  at::Tensor q = rotate_heads(wq(x).view({batch, length, n_q_heads_, head_dim_}), cos, sin);
+  at::Tensor k = rotate_heads(wk(x).view({batch, length, n_kv_heads_, head_dim_}), cos, sin);
   at::Tensor v = wv(x).view({batch, length, n_kv_heads_, head_dim_});
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);

@@ -18,4 +18,11 @@ class FeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
+// silu(gate) * up: fused_swiglu (model/cpu_kernels.h) where kernel_choice() and the dtypes allow
+// it, swiglu_composition otherwise.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// The same as plain ATen operators: the reference of the fused kernel.
+at::Tensor swiglu_composition(const at::Tensor& gate, const at::Tensor& up);
+
 }  // namespace mltrain

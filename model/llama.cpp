@@ -8,8 +8,10 @@
 #include <string>
 
 #include "common/error.h"
+#include "model/kernel_choice.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
+#include "model/linear_cross_entropy.h"
 
 namespace mltrain {
 
@@ -69,6 +71,10 @@ void LlamaImpl::init_weights() {
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
+  return at::linear(hidden_states(tokens, start_pos, cache), output_weight());
+}
+
+at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
   const int64_t length = tokens.size(1);
   if (start_pos < 0 || start_pos + length > config_.max_seq_len) {
     throw UserError(fmt::format(
@@ -81,7 +87,13 @@ at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCac
   for (size_t layer = 0; layer < layers.size(); ++layer) {
     h = layers[layer](h, cos, sin, start_pos, cache, static_cast<int64_t>(layer));
   }
-  return at::linear(norm(h), output_weight());
+  return norm(h);
+}
+
+at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  const at::Tensor h = hidden_states(tokens);
+  if (!use_chunked_loss()) return next_token_loss(at::linear(h, output_weight()), targets);
+  return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
 }
 
 const at::Tensor& LlamaImpl::output_weight() const {

@@ -45,6 +45,16 @@ class LlamaImpl : public torch::nn::Module {
   // With a cache, every layer appends its keys and values and attends over the cached prefix.
   at::Tensor forward(const at::Tensor& tokens, int64_t start_pos = 0, KVCache* cache = nullptr);
 
+  // The same up to the output projection: the final norm's output [B, T, d_model].
+  at::Tensor hidden_states(const at::Tensor& tokens, int64_t start_pos = 0,
+                           KVCache* cache = nullptr);
+
+  // The training loss: mean next-token cross-entropy of tokens [B, T] against targets [B, T]
+  // (the next tokens), a 0-dim fp32 tensor. With use_chunked_loss() it goes through the output
+  // projection in chunks (linear_cross_entropy.h) and never holds the [B, T, V] logits; otherwise
+  // it is next_token_loss(forward(tokens), targets).
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+
   // Draws the initial weights from the current global torch generator: normal(0, init_std) for
   // embeddings and projections, init_std / sqrt(2 n_layers) for the projections that write into
   // the residual stream (wo, w_down), ones for the norms.

@@ -2,14 +2,25 @@
 
 #include <ATen/ATen.h>
 
+#include "model/cpu_kernels.h"
+#include "model/kernel_choice.h"
+
 namespace mltrain {
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps)
     : weight(register_parameter("weight", at::ones({dim}))), eps_(eps) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
+      weight.scalar_type() == at::kFloat) {
+    return fused_rms_norm(x, weight, eps_);
+  }
+  return rms_norm_composition(x, weight, eps_);
+}
+
+at::Tensor rms_norm_composition(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return normed.to(x.scalar_type()) * weight;
 }
 

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include "model/cpu_kernels.h"
+#include "model/kernel_choice.h"
+
 namespace mltrain {
 
 RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
@@ -13,6 +16,14 @@ RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
   const at::Tensor both_halves = at::cat({angles, angles}, -1);                 // [T, head_dim]
   cos_ = register_buffer("cos", both_halves.cos().to(at::kFloat));
   sin_ = register_buffer("sin", both_halves.sin().to(at::kFloat));
+}
+
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
+      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
+    return fused_rotary(x, cos, sin);
+  }
+  return apply_rotary(x, cos, sin);
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

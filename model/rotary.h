@@ -23,7 +23,11 @@ class RotaryImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Rotary);
 
-// Rotates x [B, T, H, head_dim] by tables [T, head_dim] (cast to x's dtype).
+// Rotates x [B, T, H, head_dim] by tables [T, head_dim]: fused_rotary (model/cpu_kernels.h) where
+// kernel_choice() and the dtypes allow it, apply_rotary otherwise.
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The same as plain ATen operators (tables cast to x's dtype): the reference of the fused kernel.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace mltrain

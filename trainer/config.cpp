@@ -173,7 +173,12 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run",
           at_least(1)),
       key(&Config::train, &TrainConfig::precision, "train.precision",
-          "bf16 (autocast, fp32 master weights) or fp32", one_of({"bf16", "fp32"})),
+          "auto (bf16 where it is fast: CUDA, CPUs with AMX-BF16 or AVX512-BF16; else fp32), bf16 "
+          "(autocast, fp32 master weights) or fp32",
+          one_of({"auto", "bf16", "fp32"})),
+      key(&Config::train, &TrainConfig::kernels, "train.kernels",
+          "fused (mltrain's kernels and the chunked loss) or aten (the plain ATen layers)",
+          one_of({"fused", "aten"})),
       key(&Config::train, &TrainConfig::device, "train.device",
           "auto (CUDA when present), cpu or cuda", one_of({"auto", "cpu", "cuda"})),
       key(&Config::train, &TrainConfig::threads, "train.threads",

@@ -35,7 +35,8 @@ struct OptimConfig {
 
 struct TrainConfig {
   int64_t max_steps = 10000;
-  std::string precision = "bf16";
+  std::string precision = "auto";
+  std::string kernels = "fused";
   std::string device = "auto";
   int64_t threads = 0;
   std::string run_dir = "runs/base";

@@ -5,13 +5,14 @@
 #include <torch/version.h>
 
 #include "model/llama.h"
+#include "trainer/compute_settings.h"
 #include "trainer/device.h"
 #include "trainer/model_summary.h"
 
 namespace mltrain {
 
 void dry_run(const Config& config) {
-  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  apply_compute_settings(config.train);
   const c10::Device device = resolve_device(config.train.device);
   spdlog::info("mltrain {} on LibTorch {}, device {}", MLTRAIN_VERSION, TORCH_VERSION,
                describe_device(device));

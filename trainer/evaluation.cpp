@@ -9,6 +9,7 @@
 #include "data/loader.h"
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint_store.h"
+#include "trainer/compute_settings.h"
 #include "trainer/device.h"
 #include "trainer/metrics_log.h"
 #include "trainer/precision.h"
@@ -42,7 +43,7 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
 
 Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
   const std::filesystem::path file = find_weights(weights);
-  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  apply_compute_settings(config.train);
   check_tokenizer(config);
   const c10::Device device = resolve_device(config.train.device);
   const bool bf16 = use_bf16_autocast(config.train.precision, device);

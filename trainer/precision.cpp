@@ -28,7 +28,7 @@ AutocastGuard::~AutocastGuard() {
 at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {
   const int64_t length = window.size(1) - 1;
   const AutocastGuard autocast(device, bf16);
-  return next_token_loss(model(window.narrow(1, 0, length)), window.narrow(1, 1, length));
+  return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
 }
 
 bool cpu_has_bf16_units() {
@@ -41,14 +41,42 @@ bool cpu_has_bf16_units() {
   return false;
 }
 
-bool use_bf16_autocast(const std::string& precision, c10::Device device) {
-  if (precision != "bf16") return false;
-  if (device.is_cpu() && !cpu_has_bf16_units()) {
-    spdlog::warn(
-        "train.precision bf16 on a CPU without bf16 units (AMX-BF16 or AVX512-BF16): autocast "
-        "runs, but emulated and slower than fp32 (set train.precision: fp32)");
+PrecisionChoice choose_precision(const std::string& precision, c10::Device device,
+                                 bool cpu_bf16_units) {
+  const bool fast_bf16 = !device.is_cpu() || cpu_bf16_units;
+  const std::string units =
+      device.is_cpu() ? (cpu_bf16_units ? "this CPU has bf16 units (AMX-BF16 or AVX512-BF16)"
+                                        : "this CPU has no bf16 units (AMX-BF16 or "
+                                          "AVX512-BF16)")
+                      : "bf16 tensor cores on " + device.str();
+  if (precision == "fp32") return {false, false, "train.precision: fp32"};
+  if (precision == "bf16") {
+    if (fast_bf16) return {true, false, "train.precision: bf16"};
+    return {true, true,
+            "train.precision: bf16, but " + units +
+                ": autocast runs emulated, slower than fp32 (train.precision: auto or fp32 picks "
+                "fp32 here)"};
   }
-  return true;
+  return {fast_bf16, false, "train.precision: auto, " + units};
+}
+
+PrecisionChoice precision_on_this_machine(const std::string& precision, c10::Device device) {
+  return choose_precision(precision, device, device.is_cpu() && cpu_has_bf16_units());
+}
+
+void log_precision(const PrecisionChoice& choice) {
+  const char* taken = choice.bf16 ? "bf16 autocast, fp32 weights" : "fp32";
+  if (choice.emulated) {
+    spdlog::warn("precision: {} ({})", taken, choice.reason);
+  } else {
+    spdlog::info("precision: {} ({})", taken, choice.reason);
+  }
+}
+
+bool use_bf16_autocast(const std::string& precision, c10::Device device) {
+  const PrecisionChoice choice = precision_on_this_machine(precision, device);
+  log_precision(choice);
+  return choice.bf16;
 }
 
 }  // namespace mltrain

@@ -33,8 +33,28 @@ class AutocastGuard {
 // matmuls beat fp32 (1.7x on a Xeon with AMX); elsewhere bf16 is emulated, and slower than fp32.
 bool cpu_has_bf16_units();
 
-// Whether train.precision asks for bf16 autocast on this device: allowed everywhere, with a
-// warning on a CPU without bf16 units.
+// What train.precision resolves to on a device, and why, in words for the log.
+struct PrecisionChoice {
+  bool bf16;
+  bool emulated;  // bf16 on a CPU without bf16 units: slower than fp32, worth a warning
+  std::string reason;
+};
+
+// train.precision auto takes bf16 autocast where it is fast (CUDA, and CPUs with bf16 units) and
+// fp32 elsewhere; bf16 and fp32 are taken as asked, bf16 on a CPU without the units with a reason
+// that says it runs emulated. A pure function of its arguments, so that every case is testable on
+// any machine.
+PrecisionChoice choose_precision(const std::string& precision, c10::Device device,
+                                 bool cpu_bf16_units);
+
+// choose_precision for this machine's CPU.
+PrecisionChoice precision_on_this_machine(const std::string& precision, c10::Device device);
+
+// The choice, for the run's header: a warning when bf16 was asked for on a CPU that emulates it,
+// an info line otherwise.
+void log_precision(const PrecisionChoice& choice);
+
+// precision_on_this_machine, logged; whether to run under bf16 autocast.
 bool use_bf16_autocast(const std::string& precision, c10::Device device);
 
 // The mean next-token loss of windows [B, seq_len + 1] (on the device): the model reads

@@ -18,6 +18,7 @@
 #include "model/hf_state_dict.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint_store.h"
+#include "trainer/compute_settings.h"
 #include "trainer/device.h"
 #include "trainer/evaluation.h"
 #include "trainer/loss_plot.h"
@@ -37,9 +38,11 @@ using Clock = std::chrono::steady_clock;
 // The first bucket is small so that the first all-reduce starts early in backward.
 constexpr double kFirstBucketMb = 1.0;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double seconds_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
 }
+
+double seconds_since(Clock::time_point start) { return seconds_between(start, Clock::now()); }
 
 std::string duration_text(double seconds) {
   const auto total = static_cast<int64_t>(std::lround(seconds));
@@ -63,7 +66,12 @@ struct StepResult {
   at::Tensor loss;       // averaged over the ranks
   at::Tensor grad_norm;  // before clipping
   double lr = 0.0;
-  double data_ms = 0.0;  // spent waiting for the loader
+  // Host wall time: waiting for the loader, in forward and backward (with the gradient
+  // all-reduce), and in the clip and the optimizer step. On the CPU that is the time the work
+  // took; on CUDA only the time to enqueue it, so the metrics give these on the CPU alone.
+  double data_ms = 0.0;
+  double forward_backward_ms = 0.0;
+  double optimizer_ms = 0.0;
 };
 
 // A step's loss and gradient norm, read by the host, and the mean wall time of the steps read
@@ -100,6 +108,7 @@ class TrainingRun {
   const TrainingHooks& hooks_;
   const bool leader_;  // rank 0 writes the run directory
   const c10::Device device_;
+  const PrecisionChoice precision_;
   const bool bf16_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
@@ -133,7 +142,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       hooks_(hooks),
       leader_(world.rank == 0),
       device_(rank_device(config.train.device, world)),
-      bf16_(use_bf16_autocast(config.train.precision, device_)),
+      precision_(precision_on_this_machine(config.train.precision, device_)),
+      bf16_(precision_.bf16),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
       communicator_(make_communicator(world, device_, config.dist.backend,
                                       static_cast<double>(config.dist.timeout_s))),
@@ -199,6 +209,7 @@ void TrainingRun::announce() {
       "model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
       model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
       bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
+  log_precision(precision_);
   spdlog::info(
       "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
       "training data",
@@ -256,9 +267,13 @@ void TrainingRun::run() {
 // rate, unless the step went non-finite. Nothing here waits for the device.
 StepResult TrainingRun::train_step(int64_t step) {
   const double waited_before = loader_->waited_seconds();
+  const Clock::time_point started = Clock::now();
   StepResult result;
   result.step = step;
   result.loss = accumulate_gradients();
+  const Clock::time_point accumulated = Clock::now();
+  result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
+  result.forward_backward_ms = seconds_between(started, accumulated) * 1e3 - result.data_ms;
   if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
   result.grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
   result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
@@ -269,7 +284,7 @@ StepResult TrainingRun::train_step(int64_t step) {
       at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
   optimizer_->step(result.lr, skip);
   reducer_->zero_grad();
-  result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
+  result.optimizer_ms = seconds_since(accumulated) * 1e3;
   return result;
 }
 
@@ -360,15 +375,21 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
       values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed,
       peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
   if (leader_) {
-    metrics_->write({{"step", step},
-                     {"loss", values.loss},
-                     {"lr", result.lr},
-                     {"grad_norm", values.grad_norm},
-                     {"step_ms", values.seconds_per_step * 1e3},
-                     {"data_ms", result.data_ms},
-                     {"tokens_per_s", tokens_per_s},
-                     {"flops_per_s", flops},
-                     {"elapsed_s", seconds_since(start_)}});
+    nlohmann::json record = {{"step", step},
+                             {"loss", values.loss},
+                             {"lr", result.lr},
+                             {"grad_norm", values.grad_norm},
+                             {"step_ms", values.seconds_per_step * 1e3},
+                             {"data_ms", result.data_ms},
+                             {"tokens_per_s", tokens_per_s},
+                             {"flops_per_s", flops},
+                             {"peak_memory_bytes", peak_memory_bytes(device_)},
+                             {"elapsed_s", seconds_since(start_)}};
+    if (device_.is_cpu()) {
+      record["forward_backward_ms"] = result.forward_backward_ms;
+      record["optimizer_ms"] = result.optimizer_ms;
+    }
+    metrics_->write(record);
   }
 }
 
@@ -420,7 +441,7 @@ void TrainingRun::settle_stop_vote() {
 
 void train(const Config& config, const std::string& resume, const World& world,
            const TrainingHooks& hooks) {
-  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  apply_compute_settings(config.train);
   TrainingRun(config, resume, world, hooks).run();
 }
 

@@ -1,11 +1,14 @@
 // The C++ model against the independent Python reference in tests/reference/: same weights (through
 // a .safetensors file the reference reads with Hugging Face's own safetensors package), same batch;
-// logits, loss and every gradient must agree to a relative error of 1e-5 in fp32.
+// logits, loss and every gradient must agree to a relative error of 1e-5 in fp32, through the loss
+// that training computes (Llama::loss), with mltrain's fused kernels and with the plain ATen
+// layers.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "model/hf_state_dict.h"
+#include "model/kernel_choice.h"
 #include "model/llama.h"
 #include "tests/support/test_support.h"
 
@@ -20,7 +23,8 @@ std::string config_json(const ModelConfig& c) {
       c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_theta);
 }
 
-void expect_parity_with_reference(const ModelConfig& config) {
+void expect_parity_with_reference(const ModelConfig& config, KernelChoice kernels) {
+  const KernelChoiceGuard choice(kernels);
   testing::TemporaryDirectory dir;
   at::manual_seed(42);
   Llama model(config);
@@ -29,7 +33,7 @@ void expect_parity_with_reference(const ModelConfig& config) {
   const at::Tensor targets = window.narrow(1, 1, 32).contiguous();
 
   const at::Tensor logits = model(tokens);
-  const at::Tensor loss = next_token_loss(logits, targets);
+  const at::Tensor loss = model->loss(tokens, targets);
   loss.backward();
 
   testing::write_text(dir / "config.json", config_json(config));
@@ -55,15 +59,27 @@ void expect_parity_with_reference(const ModelConfig& config) {
   EXPECT_EQ(compared, reference.size() - 2);
 }
 
-TEST(ReferenceParity, BaseModelMatchesThePythonReference) {
-  expect_parity_with_reference(ModelConfig{});
-}
-
-TEST(ReferenceParity, UntiedModelMatchesThePythonReference) {
+ModelConfig untied_config() {
   ModelConfig config;
   config.n_layers = 2;
   config.tie_word_embeddings = false;
-  expect_parity_with_reference(config);
+  return config;
+}
+
+TEST(ReferenceParity, BaseModelMatchesThePythonReference) {
+  expect_parity_with_reference(ModelConfig{}, KernelChoice::fused);
+}
+
+TEST(ReferenceParity, BaseModelOnTheAtenLayersMatchesThePythonReference) {
+  expect_parity_with_reference(ModelConfig{}, KernelChoice::aten);
+}
+
+TEST(ReferenceParity, UntiedModelMatchesThePythonReference) {
+  expect_parity_with_reference(untied_config(), KernelChoice::fused);
+}
+
+TEST(ReferenceParity, UntiedModelOnTheAtenLayersMatchesThePythonReference) {
+  expect_parity_with_reference(untied_config(), KernelChoice::aten);
 }
 
 }  // namespace

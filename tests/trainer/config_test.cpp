@@ -32,7 +32,8 @@ TEST(Config, DefaultsAreTheDesignDocumentsValues) {
   EXPECT_EQ(c.data.grad_accum, 4);
   EXPECT_EQ(c.optim.lr, 6.0e-4);
   EXPECT_EQ(c.optim.beta2, 0.95);
-  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.precision, "auto");
+  EXPECT_EQ(c.train.kernels, "fused");
   EXPECT_EQ(c.train.keep_last, 3);
   EXPECT_EQ(c.dist.bucket_mb, 25.0);
   EXPECT_EQ(c.dist.timeout_s, 600);

@@ -147,10 +147,13 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
   AdamW second(hf_named_parameters(whole), {});
   first.step(1e-3, /*skip=*/at::zeros({}));
   second.step(1e-3, /*skip=*/at::zeros({}));
+  // AdamW's first step moves each weight by about lr * sign(gradient): where a gradient is near
+  // zero, the rounding that separates the two sums of micro-batches weighs more than in the
+  // gradients themselves, hence a looser bound on the weights.
   const auto a = accumulated->named_parameters();
   const auto b = whole->named_parameters();
   for (const auto& item : a) {
-    EXPECT_LE(testing::relative_error(item.value(), b[item.key()]), 1e-6) << item.key();
+    EXPECT_LE(testing::relative_error(item.value(), b[item.key()]), 5e-6) << item.key();
   }
 }
 

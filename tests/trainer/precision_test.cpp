@@ -38,6 +38,39 @@ TEST(AutocastGuard, DisabledGuardChangesNothing) {
 TEST(Bf16Autocast, FollowsTrainPrecision) {
   EXPECT_TRUE(use_bf16_autocast("bf16", c10::Device(c10::kCPU)));
   EXPECT_FALSE(use_bf16_autocast("fp32", c10::Device(c10::kCPU)));
+  EXPECT_EQ(use_bf16_autocast("auto", c10::Device(c10::kCPU)), cpu_has_bf16_units());
+}
+
+TEST(PrecisionChoice, AutoTakesBf16WhereItIsFastAndFp32Elsewhere) {
+  const c10::Device cpu(c10::kCPU);
+  const c10::Device gpu(c10::kCUDA, 0);
+  EXPECT_TRUE(choose_precision("auto", cpu, /*cpu_bf16_units=*/true).bf16);
+  EXPECT_FALSE(choose_precision("auto", cpu, /*cpu_bf16_units=*/false).bf16);
+  EXPECT_TRUE(choose_precision("auto", gpu, /*cpu_bf16_units=*/false).bf16);
+  for (const bool units : {true, false}) {
+    const PrecisionChoice choice = choose_precision("auto", cpu, units);
+    EXPECT_FALSE(choice.emulated);
+    EXPECT_NE(choice.reason.find(units ? "has bf16 units" : "has no bf16 units"), std::string::npos)
+        << choice.reason;
+  }
+}
+
+TEST(PrecisionChoice, ExplicitChoicesAreTakenAndEmulatedBf16IsFlagged) {
+  const c10::Device cpu(c10::kCPU);
+  const c10::Device gpu(c10::kCUDA, 0);
+  for (const bool units : {true, false}) {
+    EXPECT_FALSE(choose_precision("fp32", cpu, units).bf16);
+    EXPECT_FALSE(choose_precision("fp32", gpu, units).bf16);
+    EXPECT_TRUE(choose_precision("bf16", gpu, units).bf16);
+    EXPECT_FALSE(choose_precision("bf16", gpu, units).emulated);
+  }
+  const PrecisionChoice fast = choose_precision("bf16", cpu, /*cpu_bf16_units=*/true);
+  EXPECT_TRUE(fast.bf16);
+  EXPECT_FALSE(fast.emulated);
+  const PrecisionChoice emulated = choose_precision("bf16", cpu, /*cpu_bf16_units=*/false);
+  EXPECT_TRUE(emulated.bf16) << "asked for, so taken";
+  EXPECT_TRUE(emulated.emulated);
+  EXPECT_NE(emulated.reason.find("slower than fp32"), std::string::npos) << emulated.reason;
 }
 
 // The kernel's own list of the CPU's flags is the independent reference.

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace mltrain {
+
+// Fused CPU kernels for the memory-bound glue between the matmuls: each reads its inputs once and
+// writes its outputs once, forward and backward, where the ATen composition makes a pass (and a
+// temporary) per operator. Each is an autograd function equal, up to rounding, to the composition
+// it replaces; tests/model/cpu_kernels_test.cpp holds them to that. They take CPU tensors of fp32
+// or bf16, compute in fp32 and round once on output; anything else is a TORCH_CHECK error, so the
+// callers ask fused_kernels_support first and fall back to the composition.
+//
+// Results do not depend on the number of threads: elementwise work is split freely, and the one
+// reduction across rows (RMSNorm's weight gradient) sums fixed blocks of rows in block order.
+// Without a gradient to compute (GradMode off, or no input requiring one) nothing is saved.
+
+// Whether the fused kernels take tensors of this dtype here: fp32 and bf16, on a CPU where ATen
+// runs its own AVX2 or AVX-512 kernels (the fused ones are AVX2 code on x86-64; elsewhere they are
+// at::vec's default code). ATEN_CPU_CAPABILITY=default turns them off with ATen's.
+bool fused_kernels_support(at::ScalarType dtype);
+
+// rms_norm_composition (model/rms_norm.h): x [.., dim] fp32 or bf16, weight [dim] fp32. The
+// statistic is fp32, the normalised value is rounded to x's dtype before the scale, and the
+// result is fp32 (x's dtype promoted with the weight's). Backward keeps x and one fp32 rstd a row.
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// apply_rotary (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D] fp32
+// taking no gradient. Out of place, contiguous, x's dtype; backward rotates the gradient back.
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// silu(gate) * up, gate and up of one shape and dtype (fp32 or bf16); backward keeps the inputs.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+}  // namespace mltrain

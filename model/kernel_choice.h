@@ -1,0 +1,45 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace mltrain {
+
+// Which implementation the model's layers run (train.kernels): mltrain's fused kernels, the
+// default, or the plain ATen composition of each layer, kept as the reference the fused kernels
+// are tested and benchmarked against. Fused means: RMSNorm, RoPE and SwiGLU as vectorised CPU
+// kernels behind autograd functions (on CUDA these layers stay plain until a device has measured
+// a fused version), and the loss as cross-entropy through the output projection in chunks of
+// rows, on every device, so that the full [B, T, V] logits are never held. Set once, by the
+// trainer, before the first forward pass; the tests set it per case.
+enum class KernelChoice { fused, aten };
+
+void set_kernel_choice(KernelChoice choice);
+KernelChoice kernel_choice();
+
+// "fused" or "aten" (train.kernels) -> the choice; throws UserError for anything else.
+KernelChoice parse_kernel_choice(const std::string& name);
+
+// Whether a layer given this input runs its fused kernel. The fused elementwise kernels are CPU
+// kernels: on another device every layer runs its ATen composition.
+bool use_fused_cpu_kernel(const at::Tensor& input);
+
+// Whether the loss is computed in chunks through the output projection (any device).
+bool use_chunked_loss();
+
+// Restores the previous choice when it ends: for tests that compare both paths.
+class KernelChoiceGuard {
+ public:
+  explicit KernelChoiceGuard(KernelChoice choice) : previous_(kernel_choice()) {
+    set_kernel_choice(choice);
+  }
+  ~KernelChoiceGuard() { set_kernel_choice(previous_); }
+  KernelChoiceGuard(const KernelChoiceGuard&) = delete;
+  KernelChoiceGuard& operator=(const KernelChoiceGuard&) = delete;
+
+ private:
+  KernelChoice previous_;
+};
+
+}  // namespace mltrain

@@ -1,0 +1,319 @@
+// The fused CPU kernels against the ATen compositions they replace: forward values and the
+// gradient of every input, in fp32 and bf16, with rows that are not a multiple of the vector width.
+#include "model/cpu_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <string>
+#include <vector>
+
+#include "model/feed_forward.h"
+#include "model/kernel_choice.h"
+#include "model/rms_norm.h"
+#include "model/rotary.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::relative_error;
+
+// fp32: the fused kernels do the composition's arithmetic in another order, with FMA, and SwiGLU
+// takes ATen's faster exp_u20 where the composition takes SLEEF's exp; measured, they agree to a
+// few 1e-8 at the model's shapes, so 1e-6 leaves room and still catches any real mistake.
+constexpr double kFp32Tolerance = 1e-6;
+// bf16 keeps 8 significant bits: one rounding is an rms relative error of about 1.7e-3 over many
+// values, and the bf16 composition, which rounds after each of its operators, is 2.3e-3 to 2.6e-3
+// from exact; the two differ by about 3e-3.
+constexpr double kBf16Tolerance = 5e-3;
+// The fused kernels compute in fp32 and round once: against the fp32 composition of the same
+// bf16 values they are one rounding away, which the bf16 composition is not.
+constexpr double kOneBf16Rounding = 2e-3;
+
+struct ForwardBackward {
+  at::Tensor output;
+  std::vector<at::Tensor> grads;  // one per input
+};
+
+// f on fresh leaves equal to the inputs, then backward from the upstream gradient.
+template <typename F>
+ForwardBackward run_with_grad(const F& f, const std::vector<at::Tensor>& inputs,
+                              const at::Tensor& upstream) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& input : inputs) leaves.push_back(input.detach().clone().requires_grad_());
+  const at::Tensor output = f(leaves);
+  output.backward(upstream.to(output.scalar_type()));
+  ForwardBackward run{output.detach(), {}};
+  for (const at::Tensor& leaf : leaves) run.grads.push_back(leaf.grad());
+  return run;
+}
+
+void expect_close(const ForwardBackward& fused, const ForwardBackward& reference,
+                  double tolerance) {
+  EXPECT_EQ(fused.output.scalar_type(), reference.output.scalar_type());
+  EXPECT_EQ(fused.output.sizes(), reference.output.sizes());
+  EXPECT_LE(relative_error(fused.output, reference.output), tolerance) << "output";
+  ASSERT_EQ(fused.grads.size(), reference.grads.size());
+  for (size_t i = 0; i < fused.grads.size(); ++i) {
+    ASSERT_TRUE(fused.grads[i].defined()) << "input " << i;
+    EXPECT_EQ(fused.grads[i].scalar_type(), reference.grads[i].scalar_type()) << "input " << i;
+    EXPECT_LE(relative_error(fused.grads[i], reference.grads[i]), tolerance) << "input " << i;
+  }
+}
+
+std::vector<at::Tensor> to_float(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.to(at::kFloat));
+  return out;
+}
+
+// The kernels run where ATen runs AVX2 or better (model/cpu_kernels.cpp); elsewhere, or under
+// ATEN_CPU_CAPABILITY=default, the layers run the composition and there is nothing to compare.
+class RunsWhereTheKernelsDo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fused_kernels_support(at::kFloat)) GTEST_SKIP() << "no fused kernels on this CPU";
+  }
+};
+using FusedKernel = RunsWhereTheKernelsDo;
+using FusedKernelRMSNorm = RunsWhereTheKernelsDo;
+using FusedKernelRotary = RunsWhereTheKernelsDo;
+using FusedKernelSwiGLU = RunsWhereTheKernelsDo;
+using FusedKernelChoice = RunsWhereTheKernelsDo;
+
+std::string node_name(const at::Tensor& t) {
+  return t.grad_fn() ? t.grad_fn()->name() : std::string("(no grad_fn)");
+}
+
+// ---- RMSNorm ----
+
+const auto fused_norm = [](const std::vector<at::Tensor>& in) {
+  return fused_rms_norm(in[0], in[1], 1e-6);
+};
+const auto composed_norm = [](const std::vector<at::Tensor>& in) {
+  return rms_norm_composition(in[0], in[1], 1e-6);
+};
+
+// x [3, 5, 37] (37: a full vector and a tail), scaled so that eps matters for some rows, and a
+// weight away from one so that its gradient differs from the input's.
+std::vector<at::Tensor> norm_inputs(at::ScalarType dtype) {
+  const at::Tensor x = at::randn({3, 5, 37}) * at::logspace(-4, 2, 5).view({1, 5, 1});
+  return {x.to(dtype), 1.0 + 0.5 * at::randn({37})};
+}
+
+TEST_F(FusedKernelRMSNorm, MatchesTheCompositionInFp32) {
+  at::manual_seed(100);
+  const std::vector<at::Tensor> inputs = norm_inputs(at::kFloat);
+  const at::Tensor upstream = at::randn({3, 5, 37});
+  expect_close(run_with_grad(fused_norm, inputs, upstream),
+               run_with_grad(composed_norm, inputs, upstream), kFp32Tolerance);
+}
+
+TEST_F(FusedKernelRMSNorm, MatchesTheCompositionInBf16) {
+  at::manual_seed(101);
+  const std::vector<at::Tensor> inputs = norm_inputs(at::kBFloat16);
+  const at::Tensor upstream = at::randn({3, 5, 37});
+  const ForwardBackward fused = run_with_grad(fused_norm, inputs, upstream);
+  expect_close(fused, run_with_grad(composed_norm, inputs, upstream), kBf16Tolerance);
+  // The result is fp32 (bf16 promoted with the fp32 weight), as the composition's.
+  EXPECT_EQ(fused.output.scalar_type(), at::kFloat);
+  // Computed in fp32: the gradient of x is one rounding away from the fp32 composition's. (The
+  // output is rounded before the scale by definition, the weight's gradient is fp32.)
+  const ForwardBackward exact = run_with_grad(composed_norm, to_float(inputs), upstream);
+  EXPECT_LE(relative_error(fused.grads[0], exact.grads[0]), kOneBf16Rounding);
+  EXPECT_LE(relative_error(fused.output, exact.output), kOneBf16Rounding);
+}
+
+// The weight's gradient sums over rows: blocks of rows in a fixed order, so that 1, 2 or 3
+// threads give the same bits. 4000 rows make 125 blocks, enough for every thread to take some.
+TEST_F(FusedKernelRMSNorm, GradientsAreBitwiseTheSameOnAnyNumberOfThreads) {
+  at::manual_seed(102);
+  const std::vector<at::Tensor> inputs = {at::randn({4000, 37}), at::randn({37})};
+  const at::Tensor upstream = at::randn({4000, 37});
+  const int threads_before = at::get_num_threads();
+  std::vector<ForwardBackward> runs;
+  for (int threads : {1, 2, 3}) {
+    at::set_num_threads(threads);
+    ASSERT_EQ(at::get_num_threads(), threads);
+    runs.push_back(run_with_grad(fused_norm, inputs, upstream));
+  }
+  at::set_num_threads(threads_before);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_TRUE(at::equal(runs[i].output, runs[0].output)) << "run " << i;
+    EXPECT_TRUE(at::equal(runs[i].grads[0], runs[0].grads[0])) << "run " << i;
+    EXPECT_TRUE(at::equal(runs[i].grads[1], runs[0].grads[1])) << "run " << i;
+  }
+  // The order is fixed, not lost: the sum is still the composition's to rounding.
+  EXPECT_LE(
+      relative_error(runs[0].grads[1], run_with_grad(composed_norm, inputs, upstream).grads[1]),
+      kFp32Tolerance);
+}
+
+// ---- RoPE ----
+
+struct RotaryCase {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+
+// head_dim 74: halves of 37. Rows 4.. of the tables, as a forward pass after a cached prefix.
+RotaryCase rotary_tables() {
+  Rotary rotary(74, 16, 10000.0);
+  return {rotary->cos(4, 5), rotary->sin(4, 5)};
+}
+
+TEST_F(FusedKernelRotary, MatchesTheCompositionInFp32) {
+  at::manual_seed(200);
+  const RotaryCase t = rotary_tables();
+  const std::vector<at::Tensor> inputs = {at::randn({2, 5, 3, 74})};
+  const at::Tensor upstream = at::randn({2, 5, 3, 74});
+  expect_close(run_with_grad([&](const auto& in) { return fused_rotary(in[0], t.cos, t.sin); },
+                             inputs, upstream),
+               run_with_grad([&](const auto& in) { return apply_rotary(in[0], t.cos, t.sin); },
+                             inputs, upstream),
+               kFp32Tolerance);
+}
+
+TEST_F(FusedKernelRotary, MatchesTheCompositionInBf16) {
+  at::manual_seed(201);
+  const RotaryCase t = rotary_tables();
+  const std::vector<at::Tensor> inputs = {at::randn({2, 5, 3, 74}).to(at::kBFloat16)};
+  const at::Tensor upstream = at::randn({2, 5, 3, 74});
+  const auto fused = [&](const auto& in) { return fused_rotary(in[0], t.cos, t.sin); };
+  const auto composed = [&](const auto& in) { return apply_rotary(in[0], t.cos, t.sin); };
+  const ForwardBackward run = run_with_grad(fused, inputs, upstream);
+  expect_close(run, run_with_grad(composed, inputs, upstream), kBf16Tolerance);
+  // With fp32 tables (the composition rounds them to bf16 first): one rounding from exact.
+  const ForwardBackward exact =
+      run_with_grad(composed, to_float(inputs), upstream.to(at::kBFloat16));
+  EXPECT_LE(relative_error(run.output, exact.output), kOneBf16Rounding);
+  EXPECT_LE(relative_error(run.grads[0], exact.grads[0]), kOneBf16Rounding);
+}
+
+// q and k come from views of a linear's output; a transposed view must rotate the same.
+TEST_F(FusedKernelRotary, TakesAStridedInput) {
+  at::manual_seed(202);
+  const RotaryCase t = rotary_tables();
+  const at::Tensor x = at::randn({2, 3, 5, 74}).transpose(1, 2);  // [2, 5, 3, 74], not contiguous
+  ASSERT_FALSE(x.is_contiguous());
+  EXPECT_LE(relative_error(fused_rotary(x, t.cos, t.sin), apply_rotary(x, t.cos, t.sin)),
+            kFp32Tolerance);
+}
+
+// ---- SwiGLU ----
+
+const auto fused_ffn_glue = [](const std::vector<at::Tensor>& in) {
+  return fused_swiglu(in[0], in[1]);
+};
+const auto composed_ffn_glue = [](const std::vector<at::Tensor>& in) {
+  return swiglu_composition(in[0], in[1]);
+};
+
+// 3 * 5 * 37 = 555 values, not a multiple of 8. A gate scale of 5 reaches +-20, where the sigmoid
+// saturates; of 1.5, where it does not, so that each rounding shows in the result.
+std::vector<at::Tensor> swiglu_inputs(at::ScalarType dtype, double gate_scale) {
+  return {(at::randn({3, 5, 37}) * gate_scale).to(dtype), at::randn({3, 5, 37}).to(dtype)};
+}
+
+TEST_F(FusedKernelSwiGLU, MatchesTheCompositionInFp32) {
+  at::manual_seed(300);
+  const std::vector<at::Tensor> inputs = swiglu_inputs(at::kFloat, 5.0);
+  const at::Tensor upstream = at::randn({3, 5, 37});
+  expect_close(run_with_grad(fused_ffn_glue, inputs, upstream),
+               run_with_grad(composed_ffn_glue, inputs, upstream), kFp32Tolerance);
+}
+
+TEST_F(FusedKernelSwiGLU, MatchesTheCompositionInBf16) {
+  at::manual_seed(301);
+  const std::vector<at::Tensor> inputs = swiglu_inputs(at::kBFloat16, 1.5);
+  const at::Tensor upstream = at::randn({3, 5, 37});
+  const ForwardBackward fused = run_with_grad(fused_ffn_glue, inputs, upstream);
+  expect_close(fused, run_with_grad(composed_ffn_glue, inputs, upstream), kBf16Tolerance);
+  const ForwardBackward exact =
+      run_with_grad(composed_ffn_glue, to_float(inputs), upstream.to(at::kBFloat16));
+  EXPECT_LE(relative_error(fused.output, exact.output), kOneBf16Rounding);
+  EXPECT_LE(relative_error(fused.grads[0], exact.grads[0]), kOneBf16Rounding);
+  EXPECT_LE(relative_error(fused.grads[1], exact.grads[1]), kOneBf16Rounding);
+}
+
+// Elements split across threads at any boundary give the same values as on one thread.
+TEST_F(FusedKernelSwiGLU, IsTheSameOnAnyNumberOfThreads) {
+  at::manual_seed(302);
+  const std::vector<at::Tensor> inputs = {at::randn({1000, 301}), at::randn({1000, 301})};
+  const at::Tensor upstream = at::randn({1000, 301});
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(1);
+  const ForwardBackward one = run_with_grad(fused_ffn_glue, inputs, upstream);
+  at::set_num_threads(3);
+  const ForwardBackward three = run_with_grad(fused_ffn_glue, inputs, upstream);
+  at::set_num_threads(threads_before);
+  EXPECT_TRUE(at::equal(one.output, three.output));
+  EXPECT_TRUE(at::equal(one.grads[0], three.grads[0]));
+  EXPECT_TRUE(at::equal(one.grads[1], three.grads[1]));
+}
+
+// ---- all three ----
+
+TEST_F(FusedKernel, RecordsAGraphOnlyWhenAGradientIsWanted) {
+  const RotaryCase t = rotary_tables();
+  const at::Tensor x = at::randn({2, 5, 3, 74}).requires_grad_();
+  const at::Tensor w = at::ones({74}).requires_grad_();
+  EXPECT_TRUE(fused_rms_norm(x, w, 1e-6).requires_grad());
+  EXPECT_TRUE(fused_rotary(x, t.cos, t.sin).requires_grad());
+  EXPECT_TRUE(fused_swiglu(x, x).requires_grad());
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(node_name(fused_rms_norm(x, w, 1e-6)), "(no grad_fn)");
+  EXPECT_EQ(node_name(fused_rotary(x, t.cos, t.sin)), "(no grad_fn)");
+  EXPECT_EQ(node_name(fused_swiglu(x, x)), "(no grad_fn)");
+}
+
+TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
+  const RotaryCase t = rotary_tables();
+  const at::Tensor x = at::randn({2, 5, 3, 74});
+  EXPECT_THROW(fused_rms_norm(x.to(at::kDouble), at::ones({74}), 1e-6), c10::Error);
+  EXPECT_THROW(fused_rms_norm(x.to(at::kHalf), at::ones({74}), 1e-6), c10::Error);
+  EXPECT_THROW(fused_rms_norm(x, at::ones({73}), 1e-6), c10::Error);
+  EXPECT_THROW(fused_rms_norm(x, at::ones({74}, at::kBFloat16), 1e-6), c10::Error);
+  EXPECT_THROW(fused_rotary(x.flatten(2), t.cos, t.sin), c10::Error);
+  EXPECT_THROW(fused_rotary(x, t.cos.narrow(0, 0, 4), t.sin.narrow(0, 0, 4)), c10::Error);
+  EXPECT_THROW(fused_rotary(x.narrow(3, 0, 73), t.cos.narrow(1, 0, 73), t.sin.narrow(1, 0, 73)),
+               c10::Error);
+  EXPECT_THROW(fused_rotary(x, t.cos.clone().requires_grad_(), t.sin), c10::Error);
+  EXPECT_THROW(fused_swiglu(x, x.narrow(3, 0, 73)), c10::Error);
+  EXPECT_THROW(fused_swiglu(x, x.to(at::kBFloat16)), c10::Error);
+  EXPECT_THROW(fused_swiglu(x.to(at::kDouble), x.to(at::kDouble)), c10::Error);
+}
+
+// The layers pick the kernel by kernel_choice(): fused by default on the CPU, the composition,
+// bit for bit, under aten; and the composition for dtypes the kernels do not take.
+TEST_F(FusedKernelChoice, LayersRunTheFusedKernelByDefaultAndTheCompositionUnderAten) {
+  at::manual_seed(400);
+  RMSNorm norm(37, 1e-6);
+  FeedForward ffn(37, 53);
+  const RotaryCase t = rotary_tables();
+  const at::Tensor x = at::randn({2, 5, 37}).requires_grad_();
+  const at::Tensor heads = at::randn({2, 5, 3, 74}).requires_grad_();
+  const at::Tensor gate = at::randn({2, 5, 53}).requires_grad_();
+  const at::Tensor up = at::randn({2, 5, 53});
+
+  EXPECT_NE(node_name(norm(x)).find("RMSNormFunction"), std::string::npos) << node_name(norm(x));
+  EXPECT_NE(node_name(rotate_heads(heads, t.cos, t.sin)).find("RotaryFunction"), std::string::npos);
+  EXPECT_NE(node_name(swiglu(gate, up)).find("SwiGLUFunction"), std::string::npos);
+  EXPECT_EQ(node_name(norm(x.to(at::kDouble))).find("RMSNormFunction"), std::string::npos);
+
+  KernelChoiceGuard aten(KernelChoice::aten);
+  EXPECT_TRUE(at::equal(norm(x), rms_norm_composition(x, norm->weight, 1e-6)));
+  EXPECT_EQ(node_name(norm(x)), node_name(rms_norm_composition(x, norm->weight, 1e-6)));
+  EXPECT_TRUE(at::equal(rotate_heads(heads, t.cos, t.sin), apply_rotary(heads, t.cos, t.sin)));
+  EXPECT_EQ(node_name(rotate_heads(heads, t.cos, t.sin)),
+            node_name(apply_rotary(heads, t.cos, t.sin)));
+  EXPECT_TRUE(at::equal(swiglu(gate, up), swiglu_composition(gate, up)));
+  EXPECT_EQ(node_name(swiglu(gate, up)), node_name(swiglu_composition(gate, up)));
+  EXPECT_TRUE(at::equal(ffn(x), ffn->w_down(swiglu_composition(ffn->w_gate(x), ffn->w_up(x)))));
+}
+
+}  // namespace
+}  // namespace mltrain
