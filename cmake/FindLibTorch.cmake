@@ -78,7 +78,9 @@ if(MLTRAIN_TORCH_GOMP)
   target_compile_options(mltrain_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp>)
   target_link_libraries(mltrain_torch INTERFACE "${MLTRAIN_TORCH_GOMP}")
 else()
-  message(WARNING "No libgomp beside LibTorch in ${TORCH_INSTALL_PREFIX}/lib: mltrain's CPU kernels run on one thread")
+  message(FATAL_ERROR "No libgomp.so.1 beside LibTorch in ${TORCH_INSTALL_PREFIX}/lib: without it mltrain's CPU "
+                      "kernels would run on one thread and the flag that flushes denormals would miss ATen's "
+                      "threads; reinstall the torch wheel (launch/setup.sh)")
 endif()
 
 # NCCL from the wheel's nvidia-nccl package: the library LibTorch itself loads, found beside torch.

@@ -274,6 +274,8 @@ void swiglu_backward_elements(const T* grad, const T* gate, const T* up, int64_t
 #undef __AVX2__
 #undef __FMA__
 #undef __F16C__
+#undef CPU_CAPABILITY
+#undef CPU_CAPABILITY_AVX2
 #endif
 
 namespace mltrain {
@@ -281,6 +283,15 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// The backward passes below are written as kernels, not as differentiable ATen ops: a backward
+// with create_graph would build no graph of them, and its second derivatives would be silently
+// wrong.
+void check_once_differentiable() {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "mltrain's fused kernels are differentiable once: backward with create_graph is not "
+              "supported (train.kernels: aten is)");
+}
 
 // Where ATen runs its own AVX2 or AVX-512 kernels (so not under ATEN_CPU_CAPABILITY=default).
 bool kernels_run_here() {
@@ -349,6 +360,7 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_once_differentiable();
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor x = saved[0].contiguous();
     const at::Tensor weight = saved[1].contiguous();
@@ -395,6 +407,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_once_differentiable();
     const variable_list tables = ctx->get_saved_variables();
     return {rotate(grads[0], tables[0], tables[1], /*inverse=*/true), at::Tensor(), at::Tensor()};
   }
@@ -422,6 +435,7 @@ class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_once_differentiable();
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor gate = saved[0].contiguous();
     const at::Tensor up = saved[1].contiguous();

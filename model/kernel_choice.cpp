@@ -29,6 +29,8 @@ bool use_fused_cpu_kernel(const at::Tensor& input) {
   return kernel_choice() != KernelChoice::aten && input.device().is_cpu();
 }
 
-bool use_chunked_loss() { return kernel_choice() != KernelChoice::aten; }
+bool use_chunked_loss(const at::Tensor& hidden) {
+  return kernel_choice() != KernelChoice::aten && hidden.device().is_cpu();
+}
 
 }  // namespace mltrain

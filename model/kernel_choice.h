@@ -9,10 +9,11 @@ namespace mltrain {
 // Which implementation the model's layers run (train.kernels): mltrain's fused kernels, the
 // default, or the plain ATen composition of each layer, kept as the reference the fused kernels
 // are tested and benchmarked against. Fused means: RMSNorm, RoPE and SwiGLU as vectorised CPU
-// kernels behind autograd functions (on CUDA these layers stay plain until a device has measured
-// a fused version), and the loss as cross-entropy through the output projection in chunks of
-// rows, on every device, so that the full [B, T, V] logits are never held. Set once, by the
-// trainer, before the first forward pass; the tests set it per case.
+// kernels behind autograd functions, and the loss as cross-entropy through the output projection
+// in chunks of rows, so that the full [B, T, V] logits are never held. Both are CPU paths: on CUDA
+// the layers and the loss stay plain until a device has measured the fused versions (the loss's
+// chunks are sized for a CPU's caches; on a GPU they would be many small launches). Set once, by
+// the trainer, before the first forward pass; the tests set it per case.
 enum class KernelChoice { fused, aten };
 
 void set_kernel_choice(KernelChoice choice);
@@ -25,8 +26,9 @@ KernelChoice parse_kernel_choice(const std::string& name);
 // kernels: on another device every layer runs its ATen composition.
 bool use_fused_cpu_kernel(const at::Tensor& input);
 
-// Whether the loss is computed in chunks through the output projection (any device).
-bool use_chunked_loss();
+// Whether the loss of hidden states on this device is computed in chunks through the output
+// projection (linear_cross_entropy.h).
+bool use_chunked_loss(const at::Tensor& hidden);
 
 // Restores the previous choice when it ends: for tests that compare both paths.
 class KernelChoiceGuard {

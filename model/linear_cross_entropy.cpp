@@ -101,6 +101,10 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
+    // The saved gradients are constants: a graph of this backward would have no second derivative.
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "linear_cross_entropy is differentiable once: backward with create_graph is not "
+                "supported");
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& grad_loss = grad_outputs[0];
     const auto scaled = [&](const at::Tensor& grad) {

@@ -92,7 +92,7 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
 
 at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   const at::Tensor h = hidden_states(tokens);
-  if (!use_chunked_loss()) return next_token_loss(at::linear(h, output_weight()), targets);
+  if (!use_chunked_loss(h)) return next_token_loss(at::linear(h, output_weight()), targets);
   return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
 }
 

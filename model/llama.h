@@ -50,9 +50,9 @@ class LlamaImpl : public torch::nn::Module {
                            KVCache* cache = nullptr);
 
   // The training loss: mean next-token cross-entropy of tokens [B, T] against targets [B, T]
-  // (the next tokens), a 0-dim fp32 tensor. With use_chunked_loss() it goes through the output
-  // projection in chunks (linear_cross_entropy.h) and never holds the [B, T, V] logits; otherwise
-  // it is next_token_loss(forward(tokens), targets).
+  // (the next tokens), a 0-dim fp32 tensor. With use_chunked_loss(hidden) it goes through the
+  // output projection in chunks (linear_cross_entropy.h) and never holds the [B, T, V] logits;
+  // otherwise it is next_token_loss(forward(tokens), targets).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
 
   // Draws the initial weights from the current global torch generator: normal(0, init_std) for

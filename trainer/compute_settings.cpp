@@ -13,10 +13,10 @@ void apply_compute_settings(const TrainConfig& train) {
   if (train.threads > 0) at::set_num_threads(static_cast<int>(train.threads));
   set_kernel_choice(parse_kernel_choice(train.kernels));
   at::globalContext().setFlushDenormal(true);
-  // One task per pool thread: ATen splits [0, n) into at most n chunks of at least one, and its
-  // pool gives each thread one, so every worker sets its own flag. A worker that missed it would
-  // only run slower on denormals, never compute differently from what the flag promises: the
-  // flush test checks a multi-threaded product.
+  // One task per pool thread: ATen splits [0, n) into n chunks of one, and its OpenMP pool gives
+  // each thread one, so every worker sets its own flag (threads created later inherit it). A
+  // worker without it would produce denormals where the others produce zeros; the flush test
+  // checks a product spread over the threads.
   const int64_t threads = at::get_num_threads();
   at::parallel_for(0, threads, 1,
                    [](int64_t, int64_t) { at::globalContext().setFlushDenormal(true); });

@@ -5,6 +5,8 @@
 #include <ATen/cpu/Utils.h>
 #include <spdlog/spdlog.h>
 
+#include "common/error.h"
+
 namespace mltrain {
 
 AutocastGuard::AutocastGuard(c10::Device device, bool enabled)
@@ -56,6 +58,9 @@ PrecisionChoice choose_precision(const std::string& precision, c10::Device devic
             "train.precision: bf16, but " + units +
                 ": autocast runs emulated, slower than fp32 (train.precision: auto or fp32 picks "
                 "fp32 here)"};
+  }
+  if (precision != "auto") {
+    throw UserError("train.precision is auto, bf16 or fp32, not '" + precision + "'");
   }
   return {fast_bf16, false, "train.precision: auto, " + units};
 }

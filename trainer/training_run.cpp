@@ -205,10 +205,9 @@ void TrainingRun::agree_across_ranks() {
 
 void TrainingRun::announce() {
   const int64_t max_steps = schedule_->max_steps();
-  spdlog::info(
-      "model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {} | precision: {}",
-      model_->num_parameters(), flops_per_token_ / 1e6, world_.size, describe_device(device_),
-      bf16_ ? "bf16 autocast, fp32 weights" : "fp32");
+  spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {}",
+               model_->num_parameters(), flops_per_token_ / 1e6, world_.size,
+               describe_device(device_));
   log_precision(precision_);
   spdlog::info(
       "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <functional>
 #include <string>
@@ -220,6 +221,23 @@ TEST(LinearCrossEntropy, TiedModelLossMatchesThePlainPath) {
     ASSERT_TRUE(fused.gradients[i].second.defined()) << name;
     EXPECT_LE(relative_error(fused.gradients[i].second, aten.gradients[i].second), 1e-6) << name;
   }
+}
+
+TEST(LinearCrossEntropy, RefusesASecondDerivative) {
+  const at::Tensor hidden = at::randn({6, 8}, at::requires_grad());
+  const at::Tensor weight = at::randn({10, 8}, at::requires_grad());
+  const at::Tensor loss = linear_cross_entropy(hidden, weight, at::randint(10, {6}));
+  EXPECT_THROW(torch::autograd::grad({loss}, {hidden}, {}, /*retain_graph=*/true,
+                                     /*create_graph=*/true),
+               c10::Error);
+}
+
+TEST(LinearCrossEntropy, ChunkedOnTheCpuOnlyAndNotOnTheAtenLayers) {
+  EXPECT_TRUE(use_chunked_loss(at::empty({1})));
+  EXPECT_FALSE(use_chunked_loss(at::empty({1}, at::TensorOptions().device(at::kMeta))))
+      << "another device keeps the plain loss until one has measured the chunked one";
+  const KernelChoiceGuard aten(KernelChoice::aten);
+  EXPECT_FALSE(use_chunked_loss(at::empty({1})));
 }
 
 }  // namespace
