@@ -38,13 +38,8 @@ while (($# > 0)); do
   shift 2
 done
 
-python=${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python
-[[ -x $python ]] || python=$(command -v python3)
-python=${MLTRAIN_PYTHON:-$python}
-bin_dir=${MLTRAIN_BIN_DIR:-$repo/build/bin}
-data=$repo/bench/gpu-packages/shards
-[[ -d $data ]] || data=$repo/data/demo
-data=${BENCH_DATA:-$data}
+# shellcheck source=bench/environment.sh
+source "$repo/bench/environment.sh"
 run_timeout=${BENCH_RUN_TIMEOUT_S:-900}
 mpirun=${BENCH_MPIRUN:-mpirun}
 bind=${BENCH_MPI_BIND:-none}

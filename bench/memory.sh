@@ -66,13 +66,8 @@ while (($# > 0)); do
   shift 2
 done
 
-python=${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python
-[[ -x $python ]] || python=$(command -v python3)
-python=${MLTRAIN_PYTHON:-$python}
-bin_dir=${MLTRAIN_BIN_DIR:-$repo/build/bin}
-data=$repo/bench/gpu-packages/shards
-[[ -d $data ]] || data=$repo/data/demo
-data=${BENCH_DATA:-$data}
+# shellcheck source=bench/environment.sh
+source "$repo/bench/environment.sh"
 default_batches="2x256 8x256"
 [[ $device == cuda ]] && default_batches="16x1024"
 batches=${BENCH_MEMORY_BATCHES:-$default_batches}

@@ -37,11 +37,9 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python
-[[ -x $python ]] || python=$(command -v python3)
-python=${MLTRAIN_PYTHON:-$python}
+# shellcheck source=bench/environment.sh
+source "$repo/bench/environment.sh"
 export MLTRAIN_PYTHON=$python
-bin_dir=${MLTRAIN_BIN_DIR:-$repo/build/bin}
 results=${BENCH_RESULTS:-$repo/bench/RESULTS.md}
 logs=${BENCH_LOG_DIR:-$(mktemp -d /tmp/mltrain-bench.XXXXXX)}
 mkdir -p "$logs"

@@ -133,6 +133,10 @@ TEST(Config, OutOfRangeValuesAreNamed) {
                   "optim.schedule must be one of cosine, constant, linear, wsd");
   EXPECT_CONTAINS(config_error("train:\n  device: tpu\n"),
                   "train.device must be one of auto, cpu, cuda");
+  EXPECT_CONTAINS(config_error("", {"train.precision=fp16"}),
+                  "train.precision must be one of auto, bf16, fp32, got \"fp16\"");
+  EXPECT_CONTAINS(config_error("", {"train.kernels=fast"}),
+                  "train.kernels must be one of fused, aten, got \"fast\"");
 }
 
 TEST(Config, InconsistentValuesAreNamed) {
