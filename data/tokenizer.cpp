@@ -116,6 +116,22 @@ int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 
 uint32_t Tokenizer::end_of_document() const { return static_cast<uint32_t>(processor_->eos_id()); }
 
+std::string Tokenizer::serialized() const { return processor_->serialized_model_proto(); }
+
+std::vector<Tokenizer::Piece> Tokenizer::pieces() const {
+  const auto kind_of = [&](int id) {
+    if (processor_->IsUnknown(id)) return PieceKind::unknown;
+    if (processor_->IsControl(id)) return PieceKind::control;
+    if (processor_->IsByte(id)) return PieceKind::byte;
+    if (processor_->IsUnused(id)) return PieceKind::unused;
+    return PieceKind::normal;  // train_tokenizer defines no user symbols
+  };
+  std::vector<Piece> pieces;
+  for (int id = 0; id < processor_->GetPieceSize(); ++id)
+    pieces.push_back({processor_->IdToPiece(id), processor_->GetScore(id), kind_of(id)});
+  return pieces;
+}
+
 void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
                      const std::filesystem::path& model) {
   const std::unordered_map<std::string, std::string> options = {

@@ -26,6 +26,17 @@ class Tokenizer {
   // The token that ends every document in a prepared corpus.
   uint32_t end_of_document() const;
 
+  // The vocabulary in id order, as another tokenizer library needs it spelled out.
+  enum class PieceKind { normal, control, unknown, byte, unused };
+  struct Piece {
+    std::string text;  // spaces as U+2581; a byte piece as <0xAB>
+    float score;       // for BPE, the merge priority: higher merges first
+    PieceKind kind;
+  };
+  std::vector<Piece> pieces() const;
+  // The model file's contents, as SentencePiece loads it.
+  std::string serialized() const;
+
  private:
   std::filesystem::path path_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;

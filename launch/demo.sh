@@ -2,7 +2,7 @@
 # The newcomer's first command, on a fresh CPU machine: sets up and builds mltrain, prepares the
 # bundled demo corpus (English and Chinese fortunes from Debian packages) into data/demo/, trains
 # the smoke config on the CPU into runs/smoke/ (replacing the previous demo run; about two minutes),
-# evaluates the trained weights, and prints a greedy sample from the model.
+# evaluates the trained weights, and prints samples from the model.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$repo/launch/build.sh"
@@ -22,8 +22,8 @@ build/bin/mltrain configs/smoke.yaml
 step "evaluating the newest checkpoint in runs/smoke/checkpoints/"
 build/bin/mltrain configs/smoke.yaml --eval-only --resume auto
 
-step "sampling from the trained model"
-build/bin/mlgen runs/smoke --prompt "The computer " --tokens 48
-build/bin/mlgen runs/smoke --prompt "春风" --tokens 32
+step "sampling from the trained model (temperature 0.8, the 50 most likely tokens)"
+build/bin/mlgen runs/smoke --prompt "The computer " --max-new-tokens 48 --temperature 0.8 --top-k 50
+build/bin/mlgen runs/smoke --prompt "春风" --max-new-tokens 32 --temperature 0.8 --top-k 50
 
 step "done: metrics in runs/smoke/metrics.jsonl, loss curve in runs/smoke/loss.png"

@@ -1,9 +1,21 @@
-// mlgen: continues a prompt with a trained model (greedy decoding).
+// mlgen: continues prompts with a trained model, sampling or greedy, streaming or in batches.
 #include <fmt/core.h>
-#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
 #include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "common/error.h"
 #include "common/guarded_main.h"
@@ -13,48 +25,115 @@
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint_store.h"
 #include "trainer/config.h"
+#include "trainer/device.h"
 
 namespace {
 
 const char* const kDescription =
-    R"(Loads RUN_DIR/config.yaml, the weights of the run's newest checkpoint and the config's tokenizer,
-and prints the prompt continued greedily by the model until the end of a document or N new
-tokens.
+    R"(Loads the weights of a checkpoint (a run directory's newest one, verified against its
+checksums), the config.yaml saved with them and that config's tokenizer, and continues the
+prompt until the end of a document or N new tokens, printing the text as it is made. Rates of
+prompt and generated tokens go to stderr; stdout has only the text.
+
+Sampling by default: temperature 0.8, then the 50 most likely tokens (top-k), then the
+smallest most likely set holding 95% of their probability (top-p), drawn with seed 1337. Each
+prompt draws from its own generator, so a seed gives a prompt the same text alone or in a batch
+(up to rounding, as on another device). --greedy or --temperature 0 takes
+the most likely token every time, which a small model soon repeats in a loop.
+
+Without --prompt and with text piped into stdin, every line of stdin is a prompt (an empty line
+starts a new document): prompts are continued in batches, and each continuation is printed on
+one line, in order, without its prompt; a newline the model writes is printed as \n and a
+backslash as \\. Without --prompt on a terminal, mlgen starts a new document.
 )";
 
 struct GenerateArguments {
-  std::string run_dir;
-  std::string prompt;
-  int64_t max_tokens = 64;
+  std::string source;
+  std::optional<std::string> prompt;
+  mltrain::GenerationOptions generation;
+  bool greedy = false;
+  std::string device = "auto";
 };
+
+// A CLI11 check of an option's text, before CLI11 converts it, so that the error says what is
+// expected: `accepts` holds the text or not, `expected` says what it should be.
+CLI::Validator text_check(std::function<bool(const std::string&)> accepts, std::string expected) {
+  return CLI::Validator(
+      [accepts = std::move(accepts), expected = std::move(expected)](const std::string& value) {
+        if (accepts(value)) return std::string();
+        return fmt::format("expected {}, got \"{}\"", expected, value);
+      },
+      "");
+}
+
+template <typename Number>
+std::optional<Number> parse_number(const std::string& text) {
+  Number number{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<Number>) {
+    if (!std::isfinite(number)) return std::nullopt;
+  }
+  return number;
+}
 
 // The arguments of the command line; none (the help printed) for --help. A bad argument is a
 // one-line UserError.
 std::optional<GenerateArguments> parse_arguments(int argc, const char* const* argv) {
   GenerateArguments arguments;
+  mltrain::GenerationOptions& generation = arguments.generation;
+  mltrain::SamplingOptions& sampling = generation.sampling;
   CLI::App app(kDescription, "mlgen");
   // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
   app.allow_extras();
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("RUN_DIR", arguments.run_dir, "the run directory mltrain trained in")
+  app.add_option("RUN_DIR|CHECKPOINT_DIR", arguments.source,
+                 "the run directory mltrain trained in (its newest checkpoint), or one "
+                 "checkpoint directory (RUN_DIR/checkpoints/step_00001000)")
       ->required()
       ->type_name("");
   app.add_option("--prompt", arguments.prompt,
-                 "the text to continue; default: start a new document")
+                 "the text to continue; default: the lines of stdin when it is not a terminal, "
+                 "else a new document")
       ->type_name("TEXT");
-  // Checked as text, before CLI11 converts it, so that the error says what is expected.
-  app.add_option("--tokens", arguments.max_tokens, "most new tokens to generate; default 64")
+  app.add_option("--max-new-tokens,--tokens", generation.max_new_tokens,
+                 "most new tokens per prompt (also ended by model.max_seq_len); default 64")
       ->type_name("N")
-      ->check(CLI::Validator(
-          [](const std::string& value) {
-            int64_t number = 0;
-            const auto [end, error] =
-                std::from_chars(value.data(), value.data() + value.size(), number);
-            if (error == std::errc() && end == value.data() + value.size() && number > 0)
-              return std::string();
-            return fmt::format("expected a positive integer, got \"{}\"", value);
+      ->check(
+          text_check([](const std::string& v) { return parse_number<int64_t>(v).value_or(0) > 0; },
+                     "a positive integer"));
+  app.add_option("--temperature", sampling.temperature,
+                 "divides the logits before the softmax; 0 is greedy; default 0.8")
+      ->type_name("T")
+      ->check(text_check(
+          [](const std::string& v) { return parse_number<double>(v).value_or(-1.0) >= 0.0; },
+          "a number >= 0"));
+  app.add_option("--top-k", sampling.top_k,
+                 "sample from the K most likely tokens; 0: all; default 50")
+      ->type_name("K")
+      ->check(text_check(
+          [](const std::string& v) { return parse_number<int64_t>(v).value_or(-1) >= 0; },
+          "an integer >= 0"));
+  app.add_option("--top-p", sampling.top_p,
+                 "then from the fewest most likely tokens holding P of the probability; 1: all; "
+                 "default 0.95")
+      ->type_name("P")
+      ->check(text_check(
+          [](const std::string& v) {
+            const double p = parse_number<double>(v).value_or(0.0);
+            return p > 0.0 && p <= 1.0;
           },
-          ""));
+          "a number in (0, 1]"));
+  app.add_option("--seed", generation.seed, "seeds each prompt's sampling; default 1337")
+      ->type_name("S")
+      ->check(text_check([](const std::string& v) { return parse_number<uint64_t>(v).has_value(); },
+                         "an integer >= 0"));
+  app.add_flag("--greedy", arguments.greedy, "take the most likely token every time");
+  app.add_option("--device", arguments.device, "auto (a GPU when one is visible), cpu or cuda")
+      ->type_name("auto|cpu|cuda")
+      ->check(
+          text_check([](const std::string& v) { return v == "auto" || v == "cpu" || v == "cuda"; },
+                     "auto, cpu or cuda"));
   bool run_dir_missing = false;
   try {
     app.parse(argc, argv);
@@ -75,7 +154,163 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
         extra.front().starts_with("-") ? "unknown option" : "unexpected argument", extra.front()));
   }
   if (run_dir_missing) throw mltrain::UserError("no run directory given (see mlgen --help)");
+  if (arguments.greedy) sampling.temperature = 0.0;
   return arguments;
+}
+
+c10::Device generation_device(const std::string& setting) {
+  if (setting == "cuda" && !torch::cuda::is_available()) {
+    throw mltrain::UserError("--device cuda but no CUDA device is visible: use --device cpu");
+  }
+  return mltrain::resolve_device(setting);
+}
+
+// Whether text ends inside a character, which more tokens will complete: in an incomplete UTF-8
+// sequence, or in the replacement character that decoding gives the first byte pieces of one.
+bool ends_mid_character(const std::string& text) {
+  if (text.ends_with("\xEF\xBF\xBD")) return true;
+  size_t continuation_bytes = 0;
+  while (continuation_bytes < 3 && continuation_bytes < text.size() &&
+         (static_cast<unsigned char>(text[text.size() - 1 - continuation_bytes]) & 0xC0) == 0x80)
+    ++continuation_bytes;
+  if (continuation_bytes == text.size()) return continuation_bytes > 0;
+  const auto lead = static_cast<unsigned char>(text[text.size() - 1 - continuation_bytes]);
+  const size_t length = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return continuation_bytes + 1 < length;
+}
+
+// Prints a continuation as its tokens come: the whole continuation is detokenised each time and
+// only what is new printed, so that pieces which combine (byte pieces of one character) come out
+// as the text they make together.
+class StreamPrinter {
+ public:
+  explicit StreamPrinter(const mltrain::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+  void add(int64_t token) {
+    if (token == tokenizer_.end_of_document()) return;
+    ids_.push_back(static_cast<int>(token));
+    const std::string text = tokenizer_.decode(ids_);
+    if (!ends_mid_character(text)) print_new(text);
+  }
+  void finish() { print_new(tokenizer_.decode(ids_)); }
+
+ private:
+  void print_new(const std::string& text) {
+    if (text.size() <= printed_) return;
+    fmt::print("{}", text.substr(printed_));
+    std::fflush(stdout);
+    printed_ = text.size();
+  }
+
+  const mltrain::Tokenizer& tokenizer_;
+  std::vector<int> ids_;
+  size_t printed_ = 0;
+};
+
+// A continuation on one line: newlines (and the backslash, to keep it reversible) escaped.
+std::string one_line(const std::string& text) {
+  std::string line;
+  for (const char c : text) {
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\\') {
+      line += "\\\\";
+    } else {
+      line += c;
+    }
+  }
+  return line;
+}
+
+std::string continuation_text(const mltrain::Tokenizer& tokenizer,
+                              const std::vector<int64_t>& tokens) {
+  std::vector<int> ids;
+  for (const int64_t id : tokens) {
+    if (id != tokenizer.end_of_document()) ids.push_back(static_cast<int>(id));
+  }
+  return tokenizer.decode(ids);
+}
+
+// The model sees a prompt as the start of a document: after the end-of-document token, as
+// documents follow each other in the training data. `where` names the prompt in an error.
+std::vector<int64_t> prompt_tokens(const mltrain::Tokenizer& tokenizer, const std::string& text,
+                                   int64_t max_seq_len, const std::string& where) {
+  std::vector<int64_t> ids = {tokenizer.end_of_document()};
+  for (const uint32_t id : tokenizer.encode(text)) ids.push_back(id);
+  const auto length = static_cast<int64_t>(ids.size()) - 1;
+  if (length >= max_seq_len) {
+    throw mltrain::UserError(fmt::format(
+        "{} is {} tokens, too long for model.max_seq_len = {}: at most {} fit (one position "
+        "holds the start of the document)",
+        where, length, max_seq_len, max_seq_len - 1));
+  }
+  return ids;
+}
+
+// Token counts and times of every generate() call, for the rates on stderr.
+struct Throughput {
+  int64_t prompt_tokens = 0;
+  int64_t new_tokens = 0;
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;
+
+  void add(const std::vector<std::vector<int64_t>>& prompts, const mltrain::Generation& result) {
+    for (const auto& prompt : prompts) prompt_tokens += static_cast<int64_t>(prompt.size());
+    for (const auto& tokens : result.tokens) new_tokens += static_cast<int64_t>(tokens.size());
+    prefill_seconds += result.prefill_seconds;
+    decode_seconds += result.decode_seconds;
+  }
+  void report() const {
+    spdlog::info("prompt: {} tokens, {:.1f} tokens/s; generation: {} tokens, {:.1f} tokens/s",
+                 prompt_tokens, prompt_tokens / std::max(prefill_seconds, 1e-9), new_tokens,
+                 new_tokens / std::max(decode_seconds, 1e-9));
+  }
+};
+
+// Prompts continued together, at most this many at a time: enough to keep a device busy, few
+// enough that the padded batch's cache stays small.
+constexpr size_t kBatchSize = 16;
+
+void continue_lines(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
+                    const mltrain::GenerationOptions& options, std::istream& in) {
+  std::vector<std::vector<int64_t>> prompts;
+  size_t line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    if (line.ends_with('\r')) line.pop_back();
+    prompts.push_back(prompt_tokens(tokenizer, line, model->config().max_seq_len,
+                                    fmt::format("the prompt on line {}", line_number)));
+  }
+  Throughput throughput;
+  for (size_t first = 0; first < prompts.size(); first += kBatchSize) {
+    const std::vector<std::vector<int64_t>> batch(
+        prompts.begin() + static_cast<std::ptrdiff_t>(first),
+        prompts.begin() +
+            static_cast<std::ptrdiff_t>(std::min(first + kBatchSize, prompts.size())));
+    const mltrain::Generation result = mltrain::generate(model, batch, options);
+    for (const auto& tokens : result.tokens)
+      fmt::print("{}\n", one_line(continuation_text(tokenizer, tokens)));
+    std::fflush(stdout);
+    throughput.add(batch, result);
+  }
+  if (!prompts.empty()) throughput.report();
+}
+
+void continue_prompt(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
+                     const mltrain::GenerationOptions& options, const std::string& prompt) {
+  const std::vector<std::vector<int64_t>> prompts = {
+      prompt_tokens(tokenizer, prompt, model->config().max_seq_len, "the prompt")};
+  fmt::print("{}", prompt);
+  std::fflush(stdout);
+  StreamPrinter printer(tokenizer);
+  const mltrain::Generation result = mltrain::generate(
+      model, prompts, options, [&](size_t, int64_t token) { printer.add(token); });
+  printer.finish();
+  fmt::print("\n");
+  std::fflush(stdout);
+  Throughput throughput;
+  throughput.add(prompts, result);
+  throughput.report();
 }
 
 }  // namespace
@@ -85,25 +320,39 @@ int main(int argc, char** argv) {
   return mltrain::guarded_main([&] {
     const std::optional<GenerateArguments> arguments = parse_arguments(argc, argv);
     if (!arguments) return 0;
-    const mltrain::Config config =
-        mltrain::load_config(std::filesystem::path(arguments->run_dir) / "config.yaml");
+    const c10::Device device = generation_device(arguments->device);
     // The checkpoint is verified first: damaged weights are the error to report, whatever else is.
-    const std::filesystem::path weights = mltrain::find_weights(arguments->run_dir);
+    const std::filesystem::path weights = mltrain::find_weights(arguments->source);
+    // The config saved with the weights is the one they fit, even where the run's own config
+    // has changed since.
+    const std::filesystem::path beside_weights = weights.parent_path() / "config.yaml";
+    const std::filesystem::path config_file =
+        std::filesystem::exists(beside_weights)
+            ? beside_weights
+            : std::filesystem::path(arguments->source) / "config.yaml";
+    const mltrain::Config config = mltrain::load_config(config_file);
+    if (config.data.tokenizer.empty()) {
+      throw mltrain::UserError(fmt::format(
+          "{}: data.tokenizer is empty, and mlgen needs the tokenizer the corpus was prepared "
+          "with",
+          config_file.string()));
+    }
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);
     mltrain::Llama model(config.model);
     mltrain::load_model_weights(model, weights);
+    model->to(device);
     model->eval();
 
-    std::vector<int64_t> ids;
-    for (const uint32_t id : tokenizer.encode(arguments->prompt)) ids.push_back(id);
-    if (ids.empty()) ids.push_back(tokenizer.end_of_document());  // no prompt: start a new document
-    const std::vector<int64_t> generated =
-        mltrain::generate_greedy(model, ids, arguments->max_tokens, tokenizer.end_of_document());
-    std::vector<int> text_ids;
-    for (const int64_t id : generated) {
-      if (id != tokenizer.end_of_document()) text_ids.push_back(static_cast<int>(id));
+    mltrain::GenerationOptions options = arguments->generation;
+    options.stop = tokenizer.end_of_document();
+    options.vocab_limit = tokenizer.vocab_size();
+    if (arguments->prompt) {
+      continue_prompt(model, tokenizer, options, *arguments->prompt);
+    } else if (::isatty(STDIN_FILENO) == 0) {
+      continue_lines(model, tokenizer, options, std::cin);
+    } else {
+      continue_prompt(model, tokenizer, options, "");
     }
-    fmt::print("{}{}\n", arguments->prompt, tokenizer.decode(text_ids));
     return 0;
   });
 }

@@ -59,7 +59,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t n_keys = k.size(2);
   bool is_causal = false;
   std::optional<at::Tensor> mask;
-  if (n_keys == length) {
+  if (cache != nullptr && cache->padded()) {
+    mask = cache->attention_mask(start_pos, length);  // [B, 1, T, n_keys], hiding the padding
+  } else if (n_keys == length) {
     is_causal = length > 1;
   } else if (length > 1) {
     const auto positions = at::TensorOptions().dtype(at::kLong).device(x.device());

@@ -40,7 +40,9 @@ class AttentionImpl : public torch::nn::Module {
 
   // x [B, T, d_model] holds tokens at positions [start_pos, start_pos + T); cos/sin are the rotary
   // tables of those positions. With a cache, this layer's keys and values are appended to it
-  // and attention covers every cached position before them too.
+  // and attention covers every cached position before them too. With a padded cache
+  // (kv_cache.h), start_pos counts slots, cos/sin [B, T, head_dim] hold each row's own positions,
+  // and the cache's mask keeps the padding out of attention.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t start_pos = 0, KVCache* cache = nullptr, int64_t layer = 0);
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 #include "model/kernel_choice.h"
@@ -14,6 +15,19 @@
 #include "model/linear_cross_entropy.h"
 
 namespace mltrain {
+namespace {
+
+// The rotary tables of tokens at [start_pos, start_pos + length): rows of the shared tables, or
+// [B, length, head_dim] of each row's own positions in a padded cache.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const RotaryImpl& rotary, int64_t start_pos,
+                                                int64_t length, const KVCache* padded_cache) {
+  if (padded_cache == nullptr)
+    return {rotary.cos(start_pos, length), rotary.sin(start_pos, length)};
+  const at::Tensor positions = padded_cache->positions(start_pos, length);
+  return {rotary.cos_at(positions), rotary.sin_at(positions)};
+}
+
+}  // namespace
 
 BlockImpl::BlockImpl(const ModelConfig& config)
     : attn_norm(register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps))),
@@ -76,13 +90,15 @@ at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCac
 
 at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
   const int64_t length = tokens.size(1);
-  if (start_pos < 0 || start_pos + length > config_.max_seq_len) {
+  const bool padded = cache != nullptr && cache->padded();
+  const int64_t last_position =
+      padded ? cache->last_position(start_pos, length) : start_pos + length - 1;
+  if (start_pos < 0 || last_position >= config_.max_seq_len) {
     throw UserError(fmt::format(
         "positions {}..{} do not fit model.max_seq_len = {}: shorten the input or raise the key",
-        start_pos, start_pos + length - 1, config_.max_seq_len));
+        last_position - length + 1, last_position, config_.max_seq_len));
   }
-  const at::Tensor cos = rotary->cos(start_pos, length);
-  const at::Tensor sin = rotary->sin(start_pos, length);
+  const auto [cos, sin] = rotary_tables(*rotary, start_pos, length, padded ? cache : nullptr);
   at::Tensor h = token_embeddings(tokens);
   for (size_t layer = 0; layer < layers.size(); ++layer) {
     h = layers[layer](h, cos, sin, start_pos, cache, static_cast<int64_t>(layer));

@@ -42,7 +42,9 @@ class LlamaImpl : public torch::nn::Module {
   explicit LlamaImpl(const ModelConfig& config);
 
   // tokens [B, T] (int64) at positions [start_pos, start_pos + T) -> logits [B, T, vocab_size].
-  // With a cache, every layer appends its keys and values and attends over the cached prefix.
+  // With a cache, every layer appends its keys and values and attends over the cached prefix; with
+  // a padded one (kv_cache.h), start_pos counts the cache's slots and each row has its own
+  // positions.
   at::Tensor forward(const at::Tensor& tokens, int64_t start_pos = 0, KVCache* cache = nullptr);
 
   // The same up to the output projection: the final norm's output [B, T, d_model].

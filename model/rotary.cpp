@@ -18,8 +18,13 @@ RotaryImpl::RotaryImpl(int64_t head_dim, int64_t max_seq_len, double theta) {
   sin_ = register_buffer("sin", both_halves.sin().to(at::kFloat));
 }
 
+at::Tensor RotaryImpl::rows_at(const at::Tensor& table, const at::Tensor& positions) {
+  return table.index_select(0, positions.flatten())
+      .view({positions.size(0), positions.size(1), -1});
+}
+
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
+  if (cos.dim() == 2 && use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
       cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
     return fused_rotary(x, cos, sin);
   }
@@ -29,9 +34,9 @@ at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Te
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated_half = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  // [T, D] -> [T, 1, D]: broadcast over batch and heads of [B, T, H, D].
-  const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(1);
-  const at::Tensor s = sin.to(x.scalar_type()).unsqueeze(1);
+  // [T, D] -> [T, 1, D], or [B, T, D] -> [B, T, 1, D]: broadcast over the heads of [B, T, H, D].
+  const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(-2);
+  const at::Tensor s = sin.to(x.scalar_type()).unsqueeze(-2);
   return x * c + rotated_half * s;
 }
 

@@ -16,15 +16,22 @@ class RotaryImpl : public torch::nn::Module {
   // Rows [start, start + length) of the tables, for tokens at those absolute positions.
   at::Tensor cos(int64_t start, int64_t length) const { return cos_.narrow(0, start, length); }
   at::Tensor sin(int64_t start, int64_t length) const { return sin_.narrow(0, start, length); }
+  // Rows at positions [B, T] (int64): [B, T, head_dim], for a batch whose rows each count their
+  // own positions.
+  at::Tensor cos_at(const at::Tensor& positions) const { return rows_at(cos_, positions); }
+  at::Tensor sin_at(const at::Tensor& positions) const { return rows_at(sin_, positions); }
 
  private:
+  static at::Tensor rows_at(const at::Tensor& table, const at::Tensor& positions);
+
   at::Tensor cos_;
   at::Tensor sin_;
 };
 TORCH_MODULE(Rotary);
 
-// Rotates x [B, T, H, head_dim] by tables [T, head_dim]: fused_rotary (model/cpu_kernels.h) where
-// kernel_choice() and the dtypes allow it, apply_rotary otherwise.
+// Rotates x [B, T, H, head_dim] by tables [T, head_dim], or [B, T, head_dim] for positions per row:
+// fused_rotary (model/cpu_kernels.h) where kernel_choice(), the dtypes and shared tables allow
+// it, apply_rotary otherwise.
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The same as plain ATen operators (tables cast to x's dtype): the reference of the fused kernel.

@@ -87,7 +87,9 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
   const Config saved = load_config(checkpoint / "config.yaml");
   std::vector<std::string> model_changes;
   for (const ConfigChange& change : config_changes(saved, config)) {
-    if (change.key.starts_with("model.")) {
+    // model.init_from says where a fresh run's weights came from, not what the model is: a
+    // resumed run takes the checkpoint's weights whatever it names.
+    if (change.key.starts_with("model.") && change.key != "model.init_from") {
       model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config",
                                           change.key, change.before, change.after));
     } else {

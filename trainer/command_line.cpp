@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <utility>
+
 #include "common/error.h"
 
 namespace mltrain {
@@ -41,7 +43,19 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
   app.add_flag("--eval-only", command_line.eval_only,
                "evaluate trained weights on the validation data and exit: those of\n"
                "--resume (auto: the run's newest checkpoint, or a checkpoint\n"
-               "directory or .safetensors file)");
+               "directory or .safetensors file, or a Hugging Face model directory)");
+  app.add_option("--export-hf", command_line.export_hf,
+                 "write the weights of --resume (auto: the run's newest checkpoint)\n"
+                 "as a new Hugging Face LlamaForCausalLM directory, with the\n"
+                 "tokenizer when the run has one, and exit")
+      ->type_name("OUT_DIR")
+      // An empty value (an unset shell variable) must not fall back to training.
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            return value.empty() ? std::string("expected a directory, got an empty value")
+                                 : std::string();
+          },
+          ""));
   app.add_flag("--plot", command_line.plot,
                "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
   app.add_flag("--dry-run", command_line.dry_run,
@@ -77,11 +91,16 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     throw UserError(fmt::format("unexpected argument {}: give one config file", extra.front()));
   }
   if (config_missing) throw UserError("no config file given (see mltrain --help)");
-  if (command_line.eval_only && command_line.resume.empty()) {
-    throw UserError(
-        "--eval-only needs trained weights: add --resume auto (the run directory) or "
-        "--resume PATH");
+  for (const auto& [flag, given] : {std::pair{"--eval-only", command_line.eval_only},
+                                    std::pair{"--export-hf", !command_line.export_hf.empty()}}) {
+    if (given && command_line.resume.empty()) {
+      throw UserError(fmt::format(
+          "{} needs trained weights: add --resume auto (the run directory) or --resume PATH",
+          flag));
+    }
   }
+  if (command_line.eval_only && !command_line.export_hf.empty())
+    throw UserError("--eval-only and --export-hf are two commands: give one");
   return command_line;
 }
 

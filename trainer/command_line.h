@@ -5,13 +5,14 @@
 
 namespace mltrain {
 
-// mltrain CONFIG.yaml [--set section.key=value]... [--resume auto|PATH] [--eval-only] [--dry-run]
-//         [--dump-config] [--plot] [--help]
+// mltrain CONFIG.yaml [--set section.key=value]... [--resume auto|PATH] [--eval-only]
+//         [--export-hf OUT_DIR] [--dry-run] [--dump-config] [--plot] [--help]
 struct CommandLine {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string resume;  // "auto" (train.run_dir), a run directory or a weights file; empty: none
   bool eval_only = false;
+  std::string export_hf;  // a directory to write the --resume weights to, for Hugging Face
   bool dry_run = false;
   bool dump_config = false;
   bool plot = false;

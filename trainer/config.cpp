@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/type_name.h"
 
 namespace mltrain {
 namespace {
@@ -28,14 +29,6 @@ struct KeySpec {
   std::function<std::string(const Config&)> show;
   bool quoted = false;  // strings are written quoted so any text survives the round trip
 };
-
-template <class T>
-constexpr const char* type_name() {
-  if constexpr (std::is_same_v<T, bool>) return "true or false";
-  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
-  if constexpr (std::is_same_v<T, double>) return "a number";
-  return "a string";
-}
 
 // The limits a value must respect; each key sets the ones that apply.
 struct Limits {
@@ -78,15 +71,14 @@ std::string describe(const YAML::Node& node) {
   return node.IsMap() ? "a YAML mapping" : "a YAML sequence";
 }
 
-template <class Section, class T>
-KeySpec key(Section Config::*section, T Section::*field, std::string path, std::string description,
-            Limits limits = {}) {
+// A key whose value `access(config)` is, for a mutable Config and a const one alike.
+template <class T, class Access>
+KeySpec make_key(Access access, std::string path, std::string description, Limits limits) {
   KeySpec spec;
   spec.path = path;
   spec.description = std::move(description);
   spec.quoted = std::is_same_v<T, std::string>;
-  spec.read = [section, field, path, limits](Config& config, const YAML::Node& node,
-                                             const Origin& origin) {
+  spec.read = [access, path, limits](Config& config, const YAML::Node& node, const Origin& origin) {
     T value{};
     // YAML reads an empty value (`--set data.tokenizer=`, `tokenizer:`) as null; for a string that
     // is the empty string, which a key such as data.tokenizer takes to mean "none".
@@ -103,12 +95,24 @@ KeySpec key(Section Config::*section, T Section::*field, std::string path, std::
           fmt::format("{}: {} expects {}, got {}", origin, path, type_name<T>(), describe(node)));
     }
     check_limits(value, limits, path, origin);
-    config.*section.*field = value;
+    access(config) = value;
   };
-  spec.show = [section, field](const Config& config) {
-    return fmt::format("{}", config.*section.*field);
-  };
+  spec.show = [access](const Config& config) { return fmt::format("{}", access(config)); };
   return spec;
+}
+
+template <class Section, class T>
+KeySpec key(Section Config::*section, T Section::*field, std::string path, std::string description,
+            Limits limits = {}) {
+  const auto access = [=](auto& c) -> auto& { return c.*section.*field; };
+  return make_key<T>(access, std::move(path), std::move(description), std::move(limits));
+}
+
+// A key that Config holds itself, outside the struct of its section.
+template <class T>
+KeySpec key(T Config::*field, std::string path, std::string description, Limits limits = {}) {
+  const auto access = [field](auto& c) -> auto& { return c.*field; };
+  return make_key<T>(access, std::move(path), std::move(description), std::move(limits));
 }
 
 const std::vector<KeySpec>& key_specs() {
@@ -135,6 +139,9 @@ const std::vector<KeySpec>& key_specs() {
           "output projection shares the embedding matrix"),
       key(&Config::model, &ModelConfig::init_std, "model.init_std",
           "standard deviation of the initial weights", at_least(0)),
+      key(&Config::init_from, "model.init_from",
+          "Hugging Face LLaMA directory whose weights a fresh run starts from; its config.json "
+          "must match the model.* keys (empty: seeded initial weights)"),
 
       key(&Config::data, &DataConfig::train, "data.train", "glob of training token shards"),
       key(&Config::data, &DataConfig::val, "data.val", "glob of validation token shards"),
@@ -255,6 +262,7 @@ const std::vector<KeyAliases>& key_aliases() {
       {"model.norm_eps", {"rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "norm_epsilon"}},
       {"model.tie_word_embeddings", {"tie_embeddings", "weight_tying"}},
       {"model.init_std", {"initializer_range"}},
+      {"model.init_from", {"model_name_or_path", "pretrained_model_name_or_path"}},
       {"data.train", {"input_bin", "train_data"}},
       {"data.val", {"input_val_bin", "val_data"}},
       {"data.tokenizer", {"tokenizer_path"}},
@@ -437,7 +445,10 @@ std::string config_reference_markdown() {
   const Config defaults;
   std::string text = "| key | default | meaning |\n| --- | --- | --- |\n";
   for (const KeySpec& spec : key_specs()) {
-    text += fmt::format("| `{}` | `{}` | {} |\n", spec.path, spec.show(defaults), spec.description);
+    // An empty default is shown as YAML spells it; an empty code span would not show at all.
+    const std::string value = spec.show(defaults);
+    text += fmt::format("| `{}` | `{}` | {} |\n", spec.path, value.empty() ? "\"\"" : value,
+                        spec.description);
   }
   return text;
 }

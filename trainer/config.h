@@ -61,6 +61,10 @@ struct DistConfig {
 // Everything a run is configured by: defaults, then a YAML file, then --set overrides.
 struct Config {
   ModelConfig model;
+  // model.init_from: a Hugging Face LLaMA directory whose weights a fresh run starts from (empty:
+  // seeded initial weights). Kept out of ModelConfig, which is what the model computes; where its
+  // weights come from is the run's business.
+  std::string init_from;
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;

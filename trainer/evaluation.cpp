@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "data/loader.h"
+#include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint_store.h"
 #include "trainer/compute_settings.h"
@@ -42,14 +43,21 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
 }
 
 Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
-  const std::filesystem::path file = find_weights(weights);
+  // A Hugging Face directory is checked against the config by its config.json; mltrain's
+  // checkpoints by their checksums.
+  const bool hf_directory = is_hf_model_directory(weights);
+  const std::filesystem::path file = hf_directory ? weights : find_weights(weights);
   apply_compute_settings(config.train);
   check_tokenizer(config);
   const c10::Device device = resolve_device(config.train.device);
   const bool bf16 = use_bf16_autocast(config.train.precision, device);
   const TokenWindows val_windows = open_windows(config.data.val, config, "val");
   Llama model(config.model);
-  load_model_weights(model, file);
+  if (hf_directory) {
+    load_hf_model(model, file);
+  } else {
+    load_model_weights(model, file);
+  }
   model->to(device);
   const auto single_rank = make_communicator(World());
   const Evaluation evaluation =

@@ -25,9 +25,10 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
                     int64_t eval_batches, c10::Device device, bool bf16,
                     Communicator& communicator);
 
-// Loads weights (see find_weights), evaluates them on the validation windows, logs the loss and
-// perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory exists); writes
-// nothing else. A single-process operation.
+// Loads weights (a Hugging Face model directory checked against config.model, see
+// hf_checkpoint.h, or else what find_weights finds), evaluates them on the validation windows, logs
+// the loss and perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory
+// exists); writes nothing else. A single-process operation.
 Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights);
 
 }  // namespace mltrain

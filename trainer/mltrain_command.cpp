@@ -10,6 +10,7 @@
 #include "trainer/config.h"
 #include "trainer/dry_run.h"
 #include "trainer/evaluation.h"
+#include "trainer/hf_export.h"
 #include "trainer/loss_plot.h"
 #include "trainer/training_run.h"
 
@@ -34,6 +35,12 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
     } else if (command_line.eval_only) {
       evaluate_weights(config,
                        command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
+    } else if (!command_line.export_hf.empty()) {
+      // Several processes would race for the one output directory.
+      if (world.size > 1)
+        throw UserError("--export-hf runs in one process: start it without mpirun");
+      export_hf(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume,
+                command_line.export_hf);
     } else {
       train(config, command_line.resume, world, hooks);
     }

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "data/loader.h"
 #include "dist/grad_reducer.h"
+#include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint_store.h"
@@ -81,6 +82,18 @@ struct StepValues {
   double grad_norm;
   double seconds_per_step;
 };
+
+// model.init_from: a fresh run's weights, from a Hugging Face directory.
+void load_init_from(Llama& model, const std::string& directory) {
+  if (!is_hf_model_directory(directory)) {
+    throw UserError(fmt::format(
+        "model.init_from {}: not a Hugging Face model directory (config.json with "
+        "model.safetensors or model.safetensors.index.json, as save_pretrained writes them)",
+        directory));
+  }
+  load_hf_model(model, directory);
+  spdlog::info("starting from the weights of {} (model.init_from)", directory);
+}
 
 // One training run, from set-up to the last step.
 class TrainingRun {
@@ -167,8 +180,19 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_),
                                        AdamWOptions{config.optim.beta1, config.optim.beta2,
                                                     config.optim.eps, config.optim.weight_decay});
-  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config))
+  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) {
     progress_ = *resumed;
+    if (!config.init_from.empty()) {
+      spdlog::info(
+          "model.init_from ({}) is not used: a resumed run continues from its checkpoint's "
+          "weights",
+          config.init_from);
+    }
+  } else if (!config.init_from.empty()) {
+    // Every rank loads and checks the directory, so that a bad one fails on all of them alike;
+    // rank 0's weights are broadcast below all the same.
+    load_init_from(model_, config.init_from);
+  }
   schedule_.emplace(config.train, progress_.step);
   agree_across_ranks();
   reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb,

@@ -24,8 +24,8 @@ TEST(NcclTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   config.dist.backend = "nccl";
   config.dist.bucket_mb = 0.02;  // several buckets even for the tiny model
   testing::write_text(dir / "run.yaml", config_to_yaml(config));
-  const std::string mltrain =
-      std::string(MLTRAIN_BIN_DIR) + "/mltrain " + (dir / "run.yaml").string();
+  std::string mltrain = MLTRAIN_BIN_DIR "/mltrain ";
+  mltrain += (dir / "run.yaml").string();  // appended: GCC 12 warns falsely on a concatenation
   const auto two = testing::run_command(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC) +
       " 2 " + mltrain + " --set data.micro_batch=4 --set train.run_dir=" + (dir / "two").string());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "tests/launch/trained_run.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 
@@ -10,26 +11,11 @@ namespace mltrain {
 namespace {
 
 using testing::CommandResult;
-using testing::run_command;
 using testing::TemporaryDirectory;
+using testing::trained_run;
 
 CommandResult run(const std::string& executable, const std::string& arguments) {
-  std::string command = MLTRAIN_BIN_DIR "/" + executable + " ";
-  command += arguments;
-  return run_command(command);
-}
-
-// A tiny run trained for 4 steps with checkpoints at steps 2 and 4; returns its config file.
-std::string trained_run(const TemporaryDirectory& dir) {
-  Config config = testing::tiny_run(dir.path());
-  config.train.max_steps = 4;
-  config.train.ckpt_every = 2;
-  config.optim.warmup_steps = 1;
-  const auto path = dir / "run.yaml";
-  testing::write_text(path, config_to_yaml(config));
-  const CommandResult trained = run("mltrain", path.string());
-  EXPECT_EQ(trained.exit_code, 0) << trained.output;
-  return path.string();
+  return testing::run_tool(executable, arguments);
 }
 
 // Flips one byte in the middle of `path`; returns the original bytes.

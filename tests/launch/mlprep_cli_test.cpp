@@ -10,9 +10,7 @@ namespace {
 using testing::CommandResult;
 
 CommandResult mlprep(const std::string& arguments) {
-  std::string command = MLTRAIN_BIN_DIR "/mlprep ";
-  command += arguments;
-  return testing::run_command(command);
+  return testing::run_tool("mlprep", arguments);
 }
 
 TEST(MlprepCli, PreparesAFortuneCorpus) {

@@ -9,12 +9,9 @@ namespace mltrain {
 namespace {
 
 using testing::CommandResult;
-using testing::run_command;
 
 CommandResult mltrain(const std::string& arguments) {
-  std::string command = MLTRAIN_BIN_DIR "/mltrain ";
-  command += arguments;  // appended rather than concatenated: GCC 12 warns falsely on the latter
-  return run_command(command);
+  return testing::run_tool("mltrain", arguments);
 }
 
 const std::string kBase = MLTRAIN_SOURCE_DIR "/configs/base.yaml";
@@ -82,6 +79,15 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   const CommandResult eval_only = mltrain(kBase + " --eval-only");
   EXPECT_EQ(eval_only.exit_code, kExitUserError);
   EXPECT_CONTAINS(eval_only.output, "--eval-only needs trained weights: add --resume auto");
+  const CommandResult export_hf = mltrain(kBase + " --export-hf out");
+  EXPECT_EQ(export_hf.exit_code, kExitUserError);
+  EXPECT_CONTAINS(export_hf.output, "--export-hf needs trained weights: add --resume auto");
+  const CommandResult empty_export = mltrain(kBase + " --resume auto --export-hf ''");
+  EXPECT_EQ(empty_export.exit_code, kExitUserError);
+  EXPECT_CONTAINS(empty_export.output, "--export-hf: expected a directory, got an empty value");
+  const CommandResult both = mltrain(kBase + " --resume auto --eval-only --export-hf out");
+  EXPECT_EQ(both.exit_code, kExitUserError);
+  EXPECT_CONTAINS(both.output, "--eval-only and --export-hf are two commands: give one");
 }
 
 TEST(MltrainCli, UnknownFlagIsOneLineAndExitTwo) {
@@ -106,8 +112,9 @@ TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mltrain("--help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
-  for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
-                           "--eval-only", "--plot", "--dry-run", "--dump-config"}) {
+  for (const char* flag :
+       {"-h,--help", "--set section.key=value", "--resume auto|PATH", "--eval-only",
+        "--export-hf OUT_DIR", "--plot", "--dry-run", "--dump-config"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");

@@ -51,6 +51,15 @@ TEST(SmokeRun, TrainsEvaluatesAndSamples) {
                                            " --prompt 'The ' --tokens 8");
   EXPECT_EQ(sample.exit_code, 0) << sample.output;
   EXPECT_EQ(sample.output.rfind("The ", 0), 0u) << sample.output;
+  // The run's newest checkpoint named itself gives the same text (stdout alone: no rates).
+  const auto text_of = [](const std::string& source) {
+    return run_command("(" MLTRAIN_BIN_DIR "/mlgen " + source +
+                       " --prompt 'The ' --tokens 8 2>/dev/null)");
+  };
+  const CommandResult from_run = text_of(run_dir);
+  const CommandResult from_checkpoint = text_of(run_dir + "/checkpoints/step_00000024");
+  EXPECT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
+  EXPECT_EQ(from_checkpoint.output, from_run.output);
 }
 
 TEST(SmokeRun, EvalOnlyWithoutWeightsIsAClearError) {

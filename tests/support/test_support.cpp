@@ -38,6 +38,15 @@ CommandResult run_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
 }
 
+CommandResult run_tool(const std::string& executable, const std::string& arguments) {
+  std::string command = MLTRAIN_BIN_DIR "/";
+  // Appended rather than concatenated: GCC 12 warns falsely on the latter.
+  command += executable;
+  command += " ";
+  command += arguments;
+  return run_command(command);
+}
+
 BackgroundProcess::BackgroundProcess(const std::string& command,
                                      const std::filesystem::path& output) {
   pid_ = ::fork();

@@ -32,6 +32,10 @@ struct CommandResult {
 // Runs a shell command and collects what it printed and how it exited.
 CommandResult run_command(const std::string& command);
 
+// Runs one of the project's executables (mltrain, mlgen, mlprep, ...) from the build's bin
+// directory with `arguments`, as a shell command line.
+CommandResult run_tool(const std::string& executable, const std::string& arguments);
+
 // A shell command running in the background, its output going to a file; for tests that signal
 // or watch a running process.
 class BackgroundProcess {

@@ -178,6 +178,24 @@ TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
   EXPECT_FALSE(reloaded.dist.overlap);
 }
 
+// model.init_from is read and written in the model section like the keys of ModelConfig, though
+// Config holds it outside ModelConfig.
+TEST(Config, InitFromIsAModelKeyThatDefaultsToNone) {
+  EXPECT_EQ(Config{}.init_from, "");
+  TemporaryDirectory dir;
+  write_text(dir / "run.yaml", "model:\n  init_from: hf/llama\n  d_model: 256\n");
+  const Config config = load_config(dir / "run.yaml");
+  EXPECT_EQ(config.init_from, "hf/llama");
+  EXPECT_EQ(config.model.d_model, 256);
+  const std::string dumped = config_to_yaml(config);
+  EXPECT_CONTAINS(dumped, "  init_from: \"hf/llama\"\n");
+  write_text(dir / "dumped.yaml", dumped);
+  EXPECT_EQ(load_config(dir / "dumped.yaml").init_from, "hf/llama");
+  EXPECT_EQ(load_config(dir / "run.yaml", {"model.init_from="}).init_from, "");
+  EXPECT_CONTAINS(config_error("", {"model.model_name_or_path=x"}),
+                  "(mltrain calls it model.init_from)");
+}
+
 TEST(Config, ShippedConfigsLoad) {
   const Config base = load_config(MLTRAIN_SOURCE_DIR "/configs/base.yaml");
   EXPECT_EQ(base.data.micro_batch * base.data.grad_accum * base.data.seq_len * 8, 524'288)

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <filesystem>
+
+#include "model/hf_config.h"
+#include "model/llama.h"
+#include "model/safetensors.h"
+
+namespace mltrain {
+
+// A Hugging Face model directory as save_pretrained writes it: config.json, and the weights in
+// model.safetensors or, sharded, in the files that model.safetensors.index.json's "weight_map"
+// names for each tensor.
+
+// Whether `directory` holds config.json and model.safetensors or model.safetensors.index.json.
+bool is_hf_model_directory(const std::filesystem::path& directory);
+
+// DIR/config.json, read by parse_hf_config.
+HfConfig read_hf_config(const std::filesystem::path& directory);
+
+// Every tensor of the directory's weights, from model.safetensors or from the shards of the
+// index (which wins, as in transformers, when both are there). A bad index, a missing shard, a
+// shard name that leaves the directory, or a tensor missing from the shard the index names is a
+// UserError naming the file.
+NamedTensors load_hf_tensors(const std::filesystem::path& directory);
+
+// Loads the directory's weights into `model` once its config.json is checked against the model's
+// config: every key that model_differences finds is listed, with both values, in one UserError.
+void load_hf_model(Llama& model, const std::filesystem::path& directory);
+
+}  // namespace mltrain

@@ -1,0 +1,165 @@
+// Hugging Face export and import as a user runs them: mltrain --export-hf on a trained run,
+// --eval-only on a directory that transformers saved, model.init_from; what they print and how they
+// exit. transformers (tests/reference/hf_check.py) is the reference of what the files mean.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "model/hf_state_dict.h"
+#include "tests/launch/trained_run.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+
+namespace mltrain {
+namespace {
+
+using testing::CommandResult;
+using testing::TemporaryDirectory;
+using testing::trained_run;
+
+CommandResult mltrain(const std::string& arguments) {
+  return testing::run_tool("mltrain", arguments);
+}
+
+// Runs tests/reference/hf_check.py; its logits.safetensors and info.json land in `out_dir`.
+void run_reference(const std::string& arguments, const std::filesystem::path& out_dir) {
+  const std::string command = fmt::format("{} {}/tests/reference/hf_check.py {} {}", MLTRAIN_PYTHON,
+                                          MLTRAIN_SOURCE_DIR, arguments, out_dir.string());
+  const CommandResult run = testing::run_command(command);
+  if (run.exit_code != 0) throw std::runtime_error(command + "\n" + run.output);
+}
+
+size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+// The val_loss of the last --eval-only in the run's metrics.jsonl.
+double last_eval_only_loss(const std::filesystem::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  double loss = -1.0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "eval_only") loss = record["val_loss"].get<double>();
+  }
+  return loss;
+}
+
+TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
+  TemporaryDirectory dir;
+  const std::string config = trained_run(dir);
+  const std::string out = (dir / "export").string();
+  const CommandResult exported = mltrain(config + " --resume auto --export-hf " + out);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_CONTAINS(exported.output, "the run has no tokenizer");
+  EXPECT_CONTAINS(exported.output, "AutoModelForCausalLM.from_pretrained(\"" + out + "\")");
+
+  Llama model(testing::tiny_run(dir.path()).model);
+  load_model_weights(model, dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors");
+  at::manual_seed(5);
+  const at::Tensor tokens = at::randint(32, {3, 16}, at::kLong);
+  save_safetensors(dir / "batch.safetensors", {{"tokens", tokens}});
+  run_reference(fmt::format("load {} {}", out, (dir / "batch.safetensors").string()), dir / "out");
+  const at::Tensor reference = load_safetensors(dir / "out" / "logits.safetensors").at("logits");
+  at::NoGradGuard no_grad;
+  EXPECT_LE((model(tokens) - reference).abs().max().item<double>(), 1e-4);
+
+  // Evaluating the export is evaluating the checkpoint.
+  ASSERT_EQ(mltrain(config + " --eval-only --resume auto").exit_code, 0);
+  const double checkpoint_loss = last_eval_only_loss(dir / "run");
+  const CommandResult evaluated = mltrain(config + " --eval-only --resume " + out);
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
+  EXPECT_NEAR(last_eval_only_loss(dir / "run"), checkpoint_loss, 1e-6);
+
+  const std::string written = testing::read_text(dir / "export" / "config.json");
+  const CommandResult again = mltrain(config + " --resume auto --export-hf " + out);
+  EXPECT_EQ(again.exit_code, kExitUserError) << again.output;
+  EXPECT_CONTAINS(again.output, "already exists and is not empty");
+  EXPECT_EQ(lines(again.output), 1u) << again.output;
+  EXPECT_EQ(testing::read_text(dir / "export" / "config.json"), written);
+
+  // The config.json written must be the checkpoint's model, not one of the same tensor shapes.
+  const CommandResult other = mltrain(config + " --resume auto --export-hf " +
+                                      (dir / "other").string() + " --set model.rope_theta=500");
+  EXPECT_EQ(other.exit_code, kExitUserError) << other.output;
+  EXPECT_CONTAINS(other.output, "model.rope_theta: 500 in the config, 10000 in ");
+  EXPECT_FALSE(std::filesystem::exists(dir / "other"));
+
+  const CommandResult no_resume = mltrain(config + " --export-hf " + (dir / "x").string());
+  EXPECT_EQ(no_resume.exit_code, kExitUserError);
+  EXPECT_CONTAINS(no_resume.output, "--export-hf needs trained weights: add --resume auto");
+  EXPECT_FALSE(std::filesystem::exists(dir / "x"));
+}
+
+// Every validation window of tiny_run's stream (0, 7, 14, ... mod 31; 2000 tokens, seq_len 16),
+// in order, as tokens and next tokens.
+void write_validation_windows(const std::filesystem::path& path) {
+  const int64_t seq_len = 16;
+  const int64_t windows = (2000 - 1) / seq_len;
+  const at::Tensor positions =
+      at::arange(windows, at::kLong).unsqueeze(1) * seq_len + at::arange(seq_len + 1, at::kLong);
+  const at::Tensor stream = positions * 7 % 31;
+  save_safetensors(path, {{"tokens", stream.narrow(1, 0, seq_len).contiguous()},
+                          {"targets", stream.narrow(1, 1, seq_len).contiguous()}});
+}
+
+TEST(HfCli, EvaluatesAndStartsFromAModelThatTransformersSaved) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 2;
+  config.optim.warmup_steps = 1;
+  const std::string run_yaml = (dir / "run.yaml").string();
+  testing::write_text(run_yaml, config_to_yaml(config));
+  testing::write_text(dir / "llama.json", R"({
+      "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+      "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "tie_word_embeddings": true})");
+  write_validation_windows(dir / "val.safetensors");
+  const std::string hf = (dir / "hf").string();
+  run_reference(fmt::format("create {} none {} {}", (dir / "llama.json").string(), hf,
+                            (dir / "val.safetensors").string()),
+                dir / "out");
+  const double reference_loss =
+      load_safetensors(dir / "out" / "logits.safetensors").at("loss").item<double>();
+
+  std::filesystem::create_directories(config.train.run_dir);
+  const CommandResult evaluated = mltrain(run_yaml + " --eval-only --resume " + hf);
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
+  EXPECT_NEAR(last_eval_only_loss(config.train.run_dir), reference_loss, 1e-4);
+
+  const CommandResult mismatched =
+      mltrain(run_yaml + " --eval-only --resume " + hf +
+              " --set model.n_layers=3 --set model.d_ffn=128 --set model.max_seq_len=64");
+  EXPECT_EQ(mismatched.exit_code, kExitUserError) << mismatched.output;
+  const std::string config_json = hf + "/config.json";
+  EXPECT_CONTAINS(mismatched.output, "model.n_layers: 3 in the config, 2 in " + config_json);
+  EXPECT_CONTAINS(mismatched.output, "model.d_ffn: 128 in the config, 64 in " + config_json);
+  EXPECT_EQ(mismatched.output.find("model.max_seq_len"), std::string::npos) << mismatched.output;
+
+  const std::string fine_tune = run_yaml + " --set model.init_from=" + hf;
+  const CommandResult trained = mltrain(fine_tune + " --set train.run_dir=" + (dir / "a").string());
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_CONTAINS(trained.output, "starting from the weights of " + hf + " (model.init_from)");
+  const CommandResult resumed = mltrain(fine_tune + " --set train.run_dir=" + (dir / "a").string() +
+                                        " --resume auto --set "
+                                        "train.max_steps=3");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_CONTAINS(resumed.output, "is not used: a resumed run continues from its checkpoint");
+
+  const CommandResult other =
+      mltrain(fine_tune + " --set model.d_ffn=128 --set train.run_dir=" + (dir / "b").string());
+  EXPECT_EQ(other.exit_code, kExitUserError) << other.output;
+  EXPECT_CONTAINS(other.output, "model.d_ffn: 128 in the config, 64 in " + config_json);
+  const CommandResult missing =
+      mltrain(run_yaml + " --set model.init_from=" + (dir / "none").string() +
+              " --set train.run_dir=" + (dir / "c").string());
+  EXPECT_EQ(missing.exit_code, kExitUserError) << missing.output;
+  EXPECT_CONTAINS(missing.output, "not a Hugging Face model directory");
+}
+
+}  // namespace
+}  // namespace mltrain
