@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "data/text_stream.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/hf_state_dict.h"
@@ -165,48 +166,6 @@ c10::Device generation_device(const std::string& setting) {
   return mltrain::resolve_device(setting);
 }
 
-// Whether text ends inside a character, which more tokens will complete: in an incomplete UTF-8
-// sequence, or in the replacement character that decoding gives the first byte pieces of one.
-bool ends_mid_character(const std::string& text) {
-  if (text.ends_with("\xEF\xBF\xBD")) return true;
-  size_t continuation_bytes = 0;
-  while (continuation_bytes < 3 && continuation_bytes < text.size() &&
-         (static_cast<unsigned char>(text[text.size() - 1 - continuation_bytes]) & 0xC0) == 0x80)
-    ++continuation_bytes;
-  if (continuation_bytes == text.size()) return continuation_bytes > 0;
-  const auto lead = static_cast<unsigned char>(text[text.size() - 1 - continuation_bytes]);
-  const size_t length = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-  return continuation_bytes + 1 < length;
-}
-
-// Prints a continuation as its tokens come: the whole continuation is detokenised each time and
-// only what is new printed, so that pieces which combine (byte pieces of one character) come out
-// as the text they make together.
-class StreamPrinter {
- public:
-  explicit StreamPrinter(const mltrain::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
-
-  void add(int64_t token) {
-    if (token == tokenizer_.end_of_document()) return;
-    ids_.push_back(static_cast<int>(token));
-    const std::string text = tokenizer_.decode(ids_);
-    if (!ends_mid_character(text)) print_new(text);
-  }
-  void finish() { print_new(tokenizer_.decode(ids_)); }
-
- private:
-  void print_new(const std::string& text) {
-    if (text.size() <= printed_) return;
-    fmt::print("{}", text.substr(printed_));
-    std::fflush(stdout);
-    printed_ = text.size();
-  }
-
-  const mltrain::Tokenizer& tokenizer_;
-  std::vector<int> ids_;
-  size_t printed_ = 0;
-};
-
 // A continuation on one line: newlines (and the backslash, to keep it reversible) escaped.
 std::string one_line(const std::string& text) {
   std::string line;
@@ -302,10 +261,14 @@ void continue_prompt(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
       prompt_tokens(tokenizer, prompt, model->config().max_seq_len, "the prompt")};
   fmt::print("{}", prompt);
   std::fflush(stdout);
-  StreamPrinter printer(tokenizer);
+  mltrain::TextStream stream(tokenizer);
+  const auto print = [](const std::string& text) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+  };
   const mltrain::Generation result = mltrain::generate(
-      model, prompts, options, [&](size_t, int64_t token) { printer.add(token); });
-  printer.finish();
+      model, prompts, options, [&](size_t, int64_t token) { print(stream.add(token)); });
+  print(stream.finish());
   fmt::print("\n");
   std::fflush(stdout);
   Throughput throughput;

@@ -112,10 +112,9 @@ NamedTensors load_hf_tensors(const std::filesystem::path& directory) {
   return tensors;
 }
 
-void load_hf_model(Llama& model, const std::filesystem::path& directory) {
+void check_hf_model_config(const ModelConfig& ours, const std::filesystem::path& directory) {
   const std::string config_path = (directory / "config.json").string();
   const HfConfig theirs = read_hf_config(directory);
-  const ModelConfig& ours = model->config();
   std::vector<std::string> differences;
   for (const ModelKeyDifference& difference : model_differences(ours, theirs.model)) {
     differences.push_back(fmt::format("{}: {} in the config, {} in {}", difference.key,
@@ -125,6 +124,12 @@ void load_hf_model(Llama& model, const std::filesystem::path& directory) {
     throw UserError(fmt::format("{} is another model than the config describes: {}",
                                 directory.string(), fmt::join(differences, "; ")));
   }
+}
+
+void load_hf_model(Llama& model, const std::filesystem::path& directory) {
+  check_hf_model_config(model->config(), directory);
+  const ModelConfig& ours = model->config();
+  const HfConfig theirs = read_hf_config(directory);
   if (ours.max_seq_len > theirs.model.max_seq_len) {
     spdlog::warn(
         "{}: model.max_seq_len {} is longer than the {} positions (max_position_embeddings) it "

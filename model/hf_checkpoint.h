@@ -24,8 +24,11 @@ HfConfig read_hf_config(const std::filesystem::path& directory);
 // UserError naming the file.
 NamedTensors load_hf_tensors(const std::filesystem::path& directory);
 
-// Loads the directory's weights into `model` once its config.json is checked against the model's
-// config: every key that model_differences finds is listed, with both values, in one UserError.
+// Checks DIR/config.json against `ours`: every key that model_differences finds is listed, with
+// both values, in one UserError.
+void check_hf_model_config(const ModelConfig& ours, const std::filesystem::path& directory);
+
+// Loads the directory's weights into `model` once check_hf_model_config has passed.
 void load_hf_model(Llama& model, const std::filesystem::path& directory);
 
 }  // namespace mltrain

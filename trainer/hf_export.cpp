@@ -110,8 +110,19 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
     std::filesystem::remove_all(staging);  // left by an export of the same process id, killed
     std::filesystem::create_directory(staging);
     write_export(staging, model, hf_config, config, with_tokenizer, after_weights);
-    // Over an empty directory too: rename replaces one, and refuses one that filled meanwhile.
-    std::filesystem::rename(staging, target);
+    // Over an empty directory too: rename replaces one, and refuses one that filled meanwhile,
+    // which is the refusal of a non-empty OUT_DIR, only found later.
+    std::error_code renamed;
+    std::filesystem::rename(staging, target, renamed);
+    if (renamed == std::errc::directory_not_empty || renamed == std::errc::file_exists) {
+      throw UserError(
+          fmt::format("--export-hf {}: it was filled while the export was written; "
+                      "nothing was changed in it",
+                      target.string()));
+    }
+    if (renamed)
+      throw std::filesystem::filesystem_error("cannot publish the export", staging, target,
+                                              renamed);
     fsync_directory(target.parent_path());
   } catch (...) {
     std::error_code ignored;

@@ -83,14 +83,20 @@ struct StepValues {
   double seconds_per_step;
 };
 
-// model.init_from: a fresh run's weights, from a Hugging Face directory.
-void load_init_from(Llama& model, const std::string& directory) {
+// model.init_from: a fresh run's weights come from a Hugging Face directory whose config.json
+// matches the model.
+void check_init_from(const std::string& directory, const ModelConfig& model) {
   if (!is_hf_model_directory(directory)) {
     throw UserError(fmt::format(
         "model.init_from {}: not a Hugging Face model directory (config.json with "
         "model.safetensors or model.safetensors.index.json, as save_pretrained writes them)",
         directory));
   }
+  check_hf_model_config(model, directory);
+}
+
+void load_init_from(Llama& model, const std::string& directory) {
+  check_init_from(directory, model->config());
   load_hf_model(model, directory);
   spdlog::info("starting from the weights of {} (model.init_from)", directory);
 }
@@ -167,6 +173,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       tokens_per_step_(layout_.global_batch() * config.data.seq_len) {
   check_batch_fits(layout_, train_windows_);
   check_tokenizer(config);
+  // A run that is surely fresh checks where its weights come from before it makes anything.
+  if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
   if (leader_) {
     std::filesystem::create_directories(run_dir_);
     checkpoints_.remove_stale_temporaries();

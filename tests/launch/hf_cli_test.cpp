@@ -154,11 +154,13 @@ TEST(HfCli, EvaluatesAndStartsFromAModelThatTransformersSaved) {
       mltrain(fine_tune + " --set model.d_ffn=128 --set train.run_dir=" + (dir / "b").string());
   EXPECT_EQ(other.exit_code, kExitUserError) << other.output;
   EXPECT_CONTAINS(other.output, "model.d_ffn: 128 in the config, 64 in " + config_json);
+  EXPECT_FALSE(std::filesystem::exists(dir / "b")) << "refused before the run directory is made";
   const CommandResult missing =
       mltrain(run_yaml + " --set model.init_from=" + (dir / "none").string() +
               " --set train.run_dir=" + (dir / "c").string());
   EXPECT_EQ(missing.exit_code, kExitUserError) << missing.output;
   EXPECT_CONTAINS(missing.output, "not a Hugging Face model directory");
+  EXPECT_FALSE(std::filesystem::exists(dir / "c"));
 }
 
 }  // namespace

@@ -425,5 +425,25 @@ TEST(HfExport, AFailureMidwayLeavesNothingBehind) {
             (std::set<std::string>{"config.json", "generation_config.json", "model.safetensors"}));
 }
 
+// An empty OUT_DIR that another program fills while the export is written is refused as a full
+// one is (exit code 2), when the export would replace it: what was put there stays.
+TEST(HfExport, AnOutputDirectoryFilledMeanwhileIsRefusedAndKept) {
+  TemporaryDirectory dir;
+  const Config config = export_config(tiny_model(true));
+  save_model_weights(random_model(config.model), dir / "weights.safetensors");
+  std::filesystem::create_directories(dir / "hf");
+  const auto fill_meanwhile = [&](const std::filesystem::path&) {
+    write_text(dir / "hf" / "theirs.txt", "someone else's");
+  };
+  try {
+    export_hf(config, dir / "weights.safetensors", dir / "hf", fill_meanwhile);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "it was filled while the export was written");
+  }
+  EXPECT_EQ(entries(dir / "hf"), std::set<std::string>{"theirs.txt"});
+  EXPECT_EQ(entries(dir.path()), (std::set<std::string>{"hf", "weights.safetensors"}));
+}
+
 }  // namespace
 }  // namespace mltrain
