@@ -180,7 +180,7 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run",
           at_least(1)),
       key(&Config::train, &TrainConfig::precision, "train.precision",
-          "auto (bf16 where it is fast: CUDA, CPUs with AMX-BF16 or AVX512-BF16; else fp32), bf16 "
+          "auto (bf16 where it is faster than fp32: CUDA, CPUs with AMX-BF16; else fp32), bf16 "
           "(autocast, fp32 master weights) or fp32",
           one_of({"auto", "bf16", "fp32"})),
       key(&Config::train, &TrainConfig::kernels, "train.kernels",

@@ -1,6 +1,5 @@
 #include "trainer/dry_run.h"
 
-#include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 #include <torch/version.h>
 
@@ -8,6 +7,7 @@
 #include "trainer/compute_settings.h"
 #include "trainer/device.h"
 #include "trainer/model_summary.h"
+#include "trainer/precision.h"
 
 namespace mltrain {
 
@@ -16,6 +16,7 @@ void dry_run(const Config& config) {
   const c10::Device device = resolve_device(config.train.device);
   spdlog::info("mltrain {} on LibTorch {}, device {}", MLTRAIN_VERSION, TORCH_VERSION,
                describe_device(device));
+  log_precision(precision_on_this_machine(config.train.precision, device));
 
   Llama model(config.model);
   model->to(device);

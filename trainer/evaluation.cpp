@@ -1,7 +1,6 @@
 #include "trainer/evaluation.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>

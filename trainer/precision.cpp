@@ -5,6 +5,9 @@
 #include <ATen/cpu/Utils.h>
 #include <spdlog/spdlog.h>
 
+#include <string>
+#include <utility>
+
 #include "common/error.h"
 
 namespace mltrain {
@@ -33,45 +36,63 @@ at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device devic
   return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
 }
 
-bool cpu_has_bf16_units() {
+namespace {
+
+bool cpu_has(const char* flag) {
   const auto capabilities = at::cpu::get_cpu_capabilities();
-  for (const char* unit : {"amx_bf16", "avx512_bf16"}) {
-    const auto found = capabilities.find(unit);
-    if (found != capabilities.end() && found->second.isBool() && found->second.toBool())
-      return true;
+  const auto found = capabilities.find(flag);
+  return found != capabilities.end() && found->second.isBool() && found->second.toBool();
+}
+
+// What the log says of this device's bf16, and whether bf16 runs faster than fp32 there.
+std::pair<std::string, bool> bf16_on(c10::Device device, CpuBf16 cpu_bf16) {
+  if (!device.is_cpu()) return {"bf16 tensor cores on " + device.str(), true};
+  switch (cpu_bf16) {
+    case CpuBf16::amx:
+      return {"this CPU has AMX-BF16, where bf16 products run several times the fp32 rate", true};
+    case CpuBf16::avx512_bf16:
+      return {
+          "this CPU has AVX512-BF16 without AMX-BF16, where bf16 products run slower than "
+          "fp32",
+          false};
+    case CpuBf16::emulated:
+      break;
   }
-  return false;
+  return {"this CPU has neither AMX-BF16 nor AVX512-BF16: bf16 is emulated, far slower than fp32",
+          false};
+}
+
+}  // namespace
+
+CpuBf16 cpu_bf16_support() {
+  if (cpu_has("amx_bf16")) return CpuBf16::amx;
+  if (cpu_has("avx512_bf16")) return CpuBf16::avx512_bf16;
+  return CpuBf16::emulated;
 }
 
 PrecisionChoice choose_precision(const std::string& precision, c10::Device device,
-                                 bool cpu_bf16_units) {
-  const bool fast_bf16 = !device.is_cpu() || cpu_bf16_units;
-  const std::string units =
-      device.is_cpu() ? (cpu_bf16_units ? "this CPU has bf16 units (AMX-BF16 or AVX512-BF16)"
-                                        : "this CPU has no bf16 units (AMX-BF16 or "
-                                          "AVX512-BF16)")
-                      : "bf16 tensor cores on " + device.str();
+                                 CpuBf16 cpu_bf16) {
+  const auto [why, bf16_faster] = bf16_on(device, cpu_bf16);
   if (precision == "fp32") return {false, false, "train.precision: fp32"};
   if (precision == "bf16") {
-    if (fast_bf16) return {true, false, "train.precision: bf16"};
-    return {true, true,
-            "train.precision: bf16, but " + units +
-                ": autocast runs emulated, slower than fp32 (train.precision: auto or fp32 picks "
-                "fp32 here)"};
+    if (bf16_faster) return {true, false, "train.precision: bf16"};
+    return {
+        true, true,
+        "train.precision: bf16, though " + why + "; train.precision: auto or fp32 takes fp32 here"};
   }
   if (precision != "auto") {
     throw UserError("train.precision is auto, bf16 or fp32, not '" + precision + "'");
   }
-  return {fast_bf16, false, "train.precision: auto, " + units};
+  return {bf16_faster, false, "train.precision: auto, " + why};
 }
 
 PrecisionChoice precision_on_this_machine(const std::string& precision, c10::Device device) {
-  return choose_precision(precision, device, device.is_cpu() && cpu_has_bf16_units());
+  return choose_precision(precision, device, cpu_bf16_support());
 }
 
 void log_precision(const PrecisionChoice& choice) {
   const char* taken = choice.bf16 ? "bf16 autocast, fp32 weights" : "fp32";
-  if (choice.emulated) {
+  if (choice.slower_than_fp32) {
     spdlog::warn("precision: {} ({})", taken, choice.reason);
   } else {
     spdlog::info("precision: {} ({})", taken, choice.reason);

@@ -29,29 +29,37 @@ class AutocastGuard {
   c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
 };
 
-// Whether this CPU multiplies bf16 in hardware (AMX-BF16 or AVX512-BF16), where oneDNN's bf16
-// matmuls beat fp32 (1.7x on a Xeon with AMX); elsewhere bf16 is emulated, and slower than fp32.
-bool cpu_has_bf16_units();
+// How this CPU multiplies bf16, which decides whether bf16 autocast pays on it:
+// - amx: AMX-BF16 tile units; oneDNN's bf16 products run several times the fp32 rate, and a
+//   training step about 1.7x faster than in fp32 (a Xeon with AMX).
+// - avx512_bf16: AVX512-BF16 dot products without AMX; oneDNN's bf16 products ran at 0.6x MKL's
+//   fp32 rate and a training step at 0.6x fp32 on a Xeon whose hypervisor hides AMX
+//   (bench/RESULTS.md).
+// - emulated: neither; bf16 is converted in software, tens of times slower than fp32.
+enum class CpuBf16 { emulated, avx512_bf16, amx };
+
+// This CPU's, from ATen's cpuinfo (the kernel's flags amx_bf16 and avx512_bf16).
+CpuBf16 cpu_bf16_support();
 
 // What train.precision resolves to on a device, and why, in words for the log.
 struct PrecisionChoice {
   bool bf16;
-  bool emulated;  // bf16 on a CPU without bf16 units: slower than fp32, worth a warning
+  bool slower_than_fp32;  // bf16 asked for on a CPU where it runs slower: worth a warning
   std::string reason;
 };
 
-// train.precision auto takes bf16 autocast where it is fast (CUDA, and CPUs with bf16 units) and
-// fp32 elsewhere; bf16 and fp32 are taken as asked, bf16 on a CPU without the units with a reason
-// that says it runs emulated. A pure function of its arguments, so that every case is testable on
-// any machine.
+// train.precision auto takes bf16 autocast where it is faster than fp32 (CUDA, and CPUs with
+// AMX-BF16) and fp32 elsewhere; bf16 and fp32 are taken as asked, bf16 on a CPU without AMX-BF16
+// with a reason that says it runs slower. A pure function of its arguments, so that every case is
+// testable on any machine.
 PrecisionChoice choose_precision(const std::string& precision, c10::Device device,
-                                 bool cpu_bf16_units);
+                                 CpuBf16 cpu_bf16);
 
 // choose_precision for this machine's CPU.
 PrecisionChoice precision_on_this_machine(const std::string& precision, c10::Device device);
 
-// The choice, for the run's header: a warning when bf16 was asked for on a CPU that emulates it,
-// an info line otherwise.
+// The choice, for the run's header: a warning when bf16 was asked for on a CPU where it runs
+// slower than fp32, an info line otherwise.
 void log_precision(const PrecisionChoice& choice);
 
 // precision_on_this_machine, logged; whether to run under bf16 autocast.

@@ -1,7 +1,6 @@
 #include "trainer/training_run.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -128,7 +127,6 @@ class TrainingRun {
   const bool leader_;  // rank 0 writes the run directory
   const c10::Device device_;
   const PrecisionChoice precision_;
-  const bool bf16_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
   TokenWindows train_windows_;
@@ -162,7 +160,6 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       leader_(world.rank == 0),
       device_(rank_device(config.train.device, world)),
       precision_(precision_on_this_machine(config.train.precision, device_)),
-      bf16_(precision_.bf16),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
       communicator_(make_communicator(world, device_, config.dist.backend,
                                       static_cast<double>(config.dist.timeout_s))),
@@ -326,7 +323,7 @@ at::Tensor TrainingRun::accumulate_gradients() {
   for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
     reducer_->set_sync(micro + 1 == layout_.grad_accum);
     const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
-    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, bf16_);
+    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, precision_.bf16);
   }
   reducer_->finish();
   // Averaged in double, so that the ranks' sum rounds as little as a host sum would.
@@ -426,7 +423,7 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
 
 void TrainingRun::evaluate_now(int64_t step) {
   const Evaluation evaluation = evaluate(model_, val_windows_, layout_, config_.train.eval_batches,
-                                         device_, bf16_, *communicator_);
+                                         device_, precision_.bf16, *communicator_);
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
   spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
                evaluation.perplexity, evaluation.tokens);

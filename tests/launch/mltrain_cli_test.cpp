@@ -24,6 +24,8 @@ TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
   EXPECT_CONTAINS(run.output, "layers.*.attn.wq");
   EXPECT_CONTAINS(run.output, "35,926,528");
   EXPECT_CONTAINS(run.output, "training FLOPs per token: 291.06 MFLOP");
+  // base.yaml asks for bf16, which is taken as asked on any CPU (with a warning where it is slow).
+  EXPECT_CONTAINS(run.output, "precision: bf16 autocast, fp32 weights (train.precision: bf16");
 }
 
 // base.yaml asks for CUDA: on a machine where CUDA cannot start, eight ranks must not quietly
