@@ -1,10 +1,12 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -71,5 +73,14 @@ class GradReducer {
   std::atomic<int64_t> copied_in_ = 0;
   std::mutex mutex_;
 };
+
+// dist.overlap ("auto", "true" or "false"): whether gradients on `device` are all-reduced while
+// backward runs. auto overlaps where a collective progresses on its own: on CUDA, where NCCL runs
+// it on its own stream. An MPI rank on the CPU advances a collective only inside its MPI calls, so
+// a bucket launched early is reduced at the end of backward all the same, and launching and
+// polling it during backward only takes the rank's cores: 2 ranks of 1 thread reached 0.84 of one
+// rank's tokens/s without overlap and 0.71 with it (bench/RESULTS.md; 0.86 and 0.79 on another
+// CPU).
+bool overlap_all_reduce(const std::string& overlap, c10::Device device);
 
 }  // namespace mltrain

@@ -216,7 +216,9 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb",
           "gradient all-reduce bucket size in MiB", at_least(0.001)),
       key(&Config::dist, &DistConfig::overlap, "dist.overlap",
-          "all-reduce buckets while backward runs"),
+          "all-reduce buckets while backward runs: auto (on CUDA, not on the CPU, where MPI "
+          "makes no progress meanwhile), true or false",
+          one_of({"auto", "true", "false"})),
       key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype",
           "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
       key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s",

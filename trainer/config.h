@@ -53,7 +53,7 @@ struct TrainConfig {
 struct DistConfig {
   std::string backend = "auto";
   double bucket_mb = 25.0;
-  bool overlap = true;
+  std::string overlap = "auto";
   std::string grad_dtype = "fp32";
   int64_t timeout_s = 600;
 };

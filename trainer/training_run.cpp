@@ -201,7 +201,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   schedule_.emplace(config.train, progress_.step);
   agree_across_ranks();
   reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb,
-                                           kFirstBucketMb, config.dist.overlap,
+                                           kFirstBucketMb,
+                                           overlap_all_reduce(config.dist.overlap, device_),
                                            config.dist.grad_dtype == "bf16" && world.size > 1);
   loader_ = std::make_unique<Loader>(
       train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,

@@ -15,6 +15,17 @@ std::vector<at::Tensor> parameters_of_sizes(const std::vector<int64_t>& sizes) {
   return parameters;
 }
 
+TEST(OverlapAllReduce, AutoOverlapsOnCudaOnlyAndAnExplicitChoiceIsTaken) {
+  const c10::Device cpu(c10::kCPU);
+  const c10::Device gpu(c10::kCUDA, 0);
+  EXPECT_TRUE(overlap_all_reduce("auto", gpu));
+  EXPECT_FALSE(overlap_all_reduce("auto", cpu));
+  for (const c10::Device& device : {cpu, gpu}) {
+    EXPECT_TRUE(overlap_all_reduce("true", device));
+    EXPECT_FALSE(overlap_all_reduce("false", device));
+  }
+}
+
 TEST(GradReducer, PacksParametersInReverseOrderIntoSizedBuckets) {
   const World world;
   const auto communicator = make_communicator(world);

@@ -55,9 +55,11 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
 
   // Two ranks of 4 windows per micro-step, with and without overlapping the all-reduce. Every
   // checkpoint first checks that the ranks hold the same weights (it throws if not).
-  train(run_in(directory, "overlap", 4), "", world);
+  Config overlap = run_in(directory, "overlap", 4);
+  overlap.dist.overlap = "true";
+  train(overlap, "", world);
   Config no_overlap = run_in(directory, "no_overlap", 4);
-  no_overlap.dist.overlap = false;
+  no_overlap.dist.overlap = "false";
   train(no_overlap, "", world);
   // One rank of 8 windows: the same global batch.
   if (world.rank == 0) train(run_in(directory, "one_rank", 8), "", World());

@@ -49,7 +49,7 @@ TEST(Config, FileValuesAndOverridesApplyInOrder) {
   EXPECT_EQ(c.model.n_layers, 8);
   EXPECT_EQ(c.optim.schedule, "wsd");
   EXPECT_EQ(c.train.run_dir, "runs/x");
-  EXPECT_FALSE(c.dist.overlap);
+  EXPECT_EQ(c.dist.overlap, "false");
   EXPECT_EQ(c.optim.lr, 1e-3);
   EXPECT_EQ(c.model.n_q_heads, 8) << "untouched keys keep their defaults";
 }
@@ -98,8 +98,8 @@ TEST(Config, WrongTypesAreNamed) {
   EXPECT_CONTAINS(config_error("model:\n  d_model: 1.5\n"), "model.d_model expects an integer");
   EXPECT_CONTAINS(config_error("optim:\n  lr: [1, 2]\n"),
                   "optim.lr expects a number, got a YAML sequence");
-  EXPECT_CONTAINS(config_error("dist:\n  overlap: sometimes\n"),
-                  "dist.overlap expects true or false");
+  EXPECT_CONTAINS(config_error("model:\n  tie_word_embeddings: sometimes\n"),
+                  "model.tie_word_embeddings expects true or false");
   EXPECT_CONTAINS(config_error("model: 3\n"), "section model must be a mapping");
   EXPECT_CONTAINS(config_error("", {"data.seed=x"}),
                   "--set data.seed=x: data.seed expects an integer");
@@ -167,7 +167,7 @@ TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
   TemporaryDirectory dir;
   write_text(dir / "run.yaml", "data:\n  train: \"odd: 'name' #1 *.bin\"\noptim:\n  lr: 3.3e-4\n");
   const Config original =
-      load_config(dir / "run.yaml", {"model.norm_eps=1e-5", "dist.overlap=false"});
+      load_config(dir / "run.yaml", {"model.norm_eps=1e-5", "model.tie_word_embeddings=false"});
   const std::string dumped = config_to_yaml(original);
   write_text(dir / "dumped.yaml", dumped);
   const Config reloaded = load_config(dir / "dumped.yaml");
@@ -175,7 +175,18 @@ TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
   EXPECT_EQ(reloaded.data.train, "odd: 'name' #1 *.bin");
   EXPECT_EQ(reloaded.optim.lr, 3.3e-4);
   EXPECT_EQ(reloaded.model.norm_eps, 1e-5);
-  EXPECT_FALSE(reloaded.dist.overlap);
+  EXPECT_FALSE(reloaded.model.tie_word_embeddings);
+}
+
+// dist.overlap was a bool before it took auto: a config saved then (overlap: true, unquoted)
+// still loads, and a value outside the three is refused by name.
+TEST(Config, DistOverlapTakesAutoAndTheBoolsOfOlderConfigs) {
+  TemporaryDirectory dir;
+  write_text(dir / "old.yaml", "dist:\n  overlap: true\n");
+  EXPECT_EQ(load_config(dir / "old.yaml").dist.overlap, "true");
+  EXPECT_EQ(load_config(dir / "old.yaml", {"dist.overlap=auto"}).dist.overlap, "auto");
+  EXPECT_CONTAINS(config_error("dist:\n  overlap: yes\n"),
+                  "dist.overlap must be one of auto, true, false, got \"yes\"");
 }
 
 // model.init_from is read and written in the model section like the keys of ModelConfig, though
