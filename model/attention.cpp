@@ -45,9 +45,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].
-  at::Tensor q = rotate_heads(wq(x).view({batch, length, n_q_heads_, head_dim_}), cos, sin);
-  at::Tensor k = rotate_heads(wk(x).view({batch, length, n_kv_heads_, head_dim_}), cos, sin);
-  at::Tensor v = wv(x).view({batch, length, n_kv_heads_, head_dim_});
+  at::Tensor q =
+      rotate_heads(project(x, wq->weight).view({batch, length, n_q_heads_, head_dim_}), cos, sin);
+  at::Tensor k =
+      rotate_heads(project(x, wk->weight).view({batch, length, n_kv_heads_, head_dim_}), cos, sin);
+  at::Tensor v = project(x, wv->weight).view({batch, length, n_kv_heads_, head_dim_});
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
@@ -73,7 +75,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const bool repeat_kv =
       sdpa_needs_repeated_kv(q.device().type(), q.scalar_type(), n_q_heads_, n_kv_heads_);
   const at::Tensor attended = grouped_query_sdpa(q, k, v, mask, is_causal, repeat_kv);
-  return wo(attended.transpose(1, 2).reshape({batch, length, n_q_heads_ * head_dim_}));
+  return project(attended.transpose(1, 2).reshape({batch, length, n_q_heads_ * head_dim_}),
+                 wo->weight);
 }
 
 }  // namespace mltrain

@@ -14,7 +14,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn)
       w_down(register_module("w_down", torch::nn::Linear(bias_free_linear(d_ffn, d_model)))) {}
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return w_down(swiglu(w_gate(x), w_up(x)));
+  return project(swiglu(project(x, w_gate->weight), project(x, w_up->weight)), w_down->weight);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
@@ -10,5 +11,15 @@ namespace mltrain {
 inline torch::nn::LinearOptions bias_free_linear(int64_t in, int64_t out) {
   return torch::nn::LinearOptions(in, out).bias(false);
 }
+
+// x [.., in] @ weight [out, in]^T, as at::linear without a bias. Where the fused CPU kernels run
+// (kernel_choice.h), in fp32 outside autocast, backward adds the weight's gradient straight into
+// weight.grad() inside its GEMM (addmm_, as Megatron's gradient-accumulation fusion): the plain
+// path computes it into a temporary that AccumulateGrad then adds into .grad, a pass over every
+// weight of the model per micro-step (2.5% of a CPU step, bench/RESULTS.md). A .grad that is a
+// view into a gradient bucket (dist/grad_reducer.h) so receives the gradient in place, and the
+// weight's post-accumulate-grad hook still runs once per backward, after it. Hooks registered on
+// the weight's gradient itself (register_hook) see no gradient; the model registers none.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight);
 
 }  // namespace mltrain

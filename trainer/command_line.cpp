@@ -59,8 +59,8 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
   app.add_flag("--plot", command_line.plot,
                "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
   app.add_flag("--dry-run", command_line.dry_run,
-               "validate the config, build the model, print its parameters and\n"
-               "FLOPs per token, and exit");
+               "validate the config, build the model, print its precision,\n"
+               "parameters and FLOPs per token, and exit");
   app.add_flag("--dump-config", command_line.dump_config,
                "print the effective config as YAML and exit");
 }

@@ -5,8 +5,8 @@
 #include <ATen/cpu/Utils.h>
 #include <spdlog/spdlog.h>
 
+#include <stdexcept>
 #include <string>
-#include <utility>
 
 #include "common/error.h"
 
@@ -44,36 +44,41 @@ bool cpu_has(const char* flag) {
   return found != capabilities.end() && found->second.isBool() && found->second.toBool();
 }
 
-// What the log says of this device's bf16, and whether bf16 runs faster than fp32 there.
-std::pair<std::string, bool> bf16_on(c10::Device device, CpuBf16 cpu_bf16) {
+// What the log says of a device's bf16, and whether bf16 runs faster than fp32 there.
+struct Bf16Speed {
+  std::string why;
+  bool faster_than_fp32;
+};
+
+Bf16Speed bf16_on(c10::Device device, CpuBf16 cpu_bf16) {
   if (!device.is_cpu()) return {"bf16 tensor cores on " + device.str(), true};
   switch (cpu_bf16) {
     case CpuBf16::amx:
       return {"this CPU has AMX-BF16, where bf16 products run several times the fp32 rate", true};
     case CpuBf16::avx512_bf16:
-      return {
-          "this CPU has AVX512-BF16 without AMX-BF16, where bf16 products run slower than "
-          "fp32",
-          false};
+      return {"this CPU has AVX512-BF16 without AMX-BF16, where bf16 products run slower than fp32",
+              false};
     case CpuBf16::emulated:
-      break;
-  }
-  return {"this CPU has neither AMX-BF16 nor AVX512-BF16: bf16 is emulated, far slower than fp32",
+      return {
+          "this CPU has neither AMX-BF16 nor AVX512-BF16: bf16 is emulated, tens of times "
+          "slower than fp32",
           false};
+  }
+  throw std::logic_error("unknown CpuBf16");
 }
 
 }  // namespace
 
 CpuBf16 cpu_bf16_support() {
-  if (cpu_has("amx_bf16")) return CpuBf16::amx;
+  if (cpu_has("amx_bf16") && at::cpu::init_amx()) return CpuBf16::amx;
   if (cpu_has("avx512_bf16")) return CpuBf16::avx512_bf16;
   return CpuBf16::emulated;
 }
 
 PrecisionChoice choose_precision(const std::string& precision, c10::Device device,
                                  CpuBf16 cpu_bf16) {
-  const auto [why, bf16_faster] = bf16_on(device, cpu_bf16);
   if (precision == "fp32") return {false, false, "train.precision: fp32"};
+  const auto [why, bf16_faster] = bf16_on(device, cpu_bf16);
   if (precision == "bf16") {
     if (bf16_faster) return {true, false, "train.precision: bf16"};
     return {

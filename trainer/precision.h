@@ -38,7 +38,9 @@ class AutocastGuard {
 // - emulated: neither; bf16 is converted in software, tens of times slower than fp32.
 enum class CpuBf16 { emulated, avx512_bf16, amx };
 
-// This CPU's, from ATen's cpuinfo (the kernel's flags amx_bf16 and avx512_bf16).
+// How this CPU multiplies bf16, from the CPUID features ATen's cpuinfo reads. AMX also needs the
+// kernel's permission to use its tile state (Linux 5.16 and later grant it on request): where it is
+// refused, oneDNN runs AVX512-BF16 code, and so this says avx512_bf16.
 CpuBf16 cpu_bf16_support();
 
 // What train.precision resolves to on a device, and why, in words for the log.

@@ -78,6 +78,8 @@ TEST(PrecisionChoice, ExplicitChoicesAreTakenAndSlowBf16IsFlagged) {
     const PrecisionChoice choice = choose_precision("bf16", cpu, slow);
     EXPECT_TRUE(choice.slower_than_fp32);
     EXPECT_NE(choice.reason.find("slower than fp32"), std::string::npos) << choice.reason;
+    EXPECT_NE(choice.reason.find("auto or fp32 takes fp32 here"), std::string::npos)
+        << "the way out is named: " << choice.reason;
   }
 }
 
