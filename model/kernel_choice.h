@@ -9,8 +9,9 @@ namespace mltrain {
 // Which implementation the model's layers run (train.kernels): mltrain's fused kernels, the
 // default, or the plain ATen composition of each layer, kept as the reference the fused kernels
 // are tested and benchmarked against. Fused means: RMSNorm, RoPE and SwiGLU as vectorised CPU
-// kernels behind autograd functions, and the loss as cross-entropy through the output projection
-// in chunks of rows, so that the full [B, T, V] logits are never held. Both are CPU paths: on CUDA
+// kernels behind autograd functions, the projections' weight gradients added into .grad inside
+// their GEMMs (linear.h), and the loss as cross-entropy through the output projection in chunks
+// of rows, so that the full [B, T, V] logits are never held. All are CPU paths: on CUDA
 // the layers and the loss stay plain until a device has measured the fused versions (the loss's
 // chunks are sized for a CPU's caches; on a GPU they would be many small launches). Set once, by
 // the trainer, before the first forward pass; the tests set it per case.

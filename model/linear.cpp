@@ -14,7 +14,7 @@ using torch::autograd::variable_list;
 
 at::Tensor as_rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
-// .grad += a @ b, in place when .grad exists.
+// .grad += a @ b: in place, inside the GEMM, when .grad exists (a bucket view stays one).
 void accumulate_weight_grad(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b) {
   at::Tensor& grad = weight.mutable_grad();
   if (grad.defined()) {
@@ -24,15 +24,14 @@ void accumulate_weight_grad(const at::Tensor& weight, const at::Tensor& a, const
   }
 }
 
-// The weight travels in saved_data, not as a saved variable: backward needs the parameter itself,
-// whose .grad it updates, not an unpacked alias of it. Its gradient output stays undefined, so the
-// weight's AccumulateGrad adds nothing; it still runs the weight's post-accumulate-grad hook (the
-// gradient reducer's signal that the gradient is in), after this node, once per backward.
+// A saved leaf unpacks as the parameter itself, whose .grad backward updates. The weight's
+// gradient output stays undefined, so its AccumulateGrad adds nothing; in torch 2.11 it still runs
+// the weight's post-accumulate-grad hook (the gradient reducer's signal that the gradient is in),
+// after this node, once per backward: linear_test.cpp holds the version to that.
 class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    ctx->save_for_backward({x});
-    ctx->saved_data["weight"] = weight;
+    ctx->save_for_backward({x, weight});
     return at::linear(x, weight);
   }
 
@@ -41,8 +40,9 @@ class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> 
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "mltrain's projection is differentiable once: backward with create_graph is not "
                 "supported (train.kernels: aten is)");
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
     const at::Tensor grad_rows = as_rows(grads[0]);
     at::Tensor grad_x;
     if (ctx->needs_input_grad(0)) grad_x = grad_rows.mm(weight).view(x.sizes());

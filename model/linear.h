@@ -14,12 +14,13 @@ inline torch::nn::LinearOptions bias_free_linear(int64_t in, int64_t out) {
 
 // x [.., in] @ weight [out, in]^T, as at::linear without a bias. Where the fused CPU kernels run
 // (kernel_choice.h), in fp32 outside autocast, backward adds the weight's gradient straight into
-// weight.grad() inside its GEMM (addmm_, as Megatron's gradient-accumulation fusion): the plain
-// path computes it into a temporary that AccumulateGrad then adds into .grad, a pass over every
-// weight of the model per micro-step (2.5% of a CPU step, bench/RESULTS.md). A .grad that is a
-// view into a gradient bucket (dist/grad_reducer.h) so receives the gradient in place, and the
-// weight's post-accumulate-grad hook still runs once per backward, after it. Hooks registered on
-// the weight's gradient itself (register_hook) see no gradient; the model registers none.
+// weight.grad() inside its GEMM (addmm_, as Megatron's gradient-accumulation fusion), where the
+// plain path makes a temporary that AccumulateGrad then adds in: one pass over every weight per
+// micro-step saved. A .grad that is a view into a gradient bucket (dist/grad_reducer.h) so
+// receives the gradient in place, and the weight's post-accumulate-grad hook still runs once per
+// backward, after it. The gradient reaches .grad only: hooks on the gradient itself
+// (register_hook) and autograd::grad with respect to the weight see none; train.kernels: aten
+// (or autocast) gives the plain path for them.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight);
 
 }  // namespace mltrain

@@ -31,6 +31,24 @@ class RecordingHook : public torch::autograd::PostAccumulateGradHook {
   at::Tensor* seen_;
 };
 
+// bf16 autocast on the CPU for its scope, when on.
+class AutocastOn {
+ public:
+  explicit AutocastOn(bool on) : on_(on) {
+    if (on_) at::autocast::set_autocast_enabled(c10::kCPU, true);
+  }
+  ~AutocastOn() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(c10::kCPU, false);
+    at::autocast::clear_cache();
+  }
+  AutocastOn(const AutocastOn&) = delete;
+  AutocastOn& operator=(const AutocastOn&) = delete;
+
+ private:
+  bool on_;
+};
+
 bool runs_projection(const at::Tensor& out) {
   return out.grad_fn()->name().find("ProjectionFunction") != std::string::npos;
 }
@@ -83,7 +101,9 @@ TEST(Projection, AddsTheWeightGradientIntoAnExistingGradInPlace) {
   const at::Tensor bucket = at::full({100}, 0.5f);
   const at::Tensor view = bucket.narrow(0, 4, 48).view({6, 8});
   c.weight.mutable_grad() = view;
-  project(c.x, c.weight).backward(c.upstream);
+  const at::Tensor out = project(c.x, c.weight);
+  ASSERT_TRUE(runs_projection(out)) << "AccumulateGrad would add in place too";
+  out.backward(c.upstream);
   const auto [grad_x, grad_weight] = reference_grads(c);
   EXPECT_EQ(c.weight.grad().data_ptr(), view.data_ptr()) << "the .grad was replaced";
   EXPECT_TRUE(at::allclose(view, grad_weight + 0.5f, 1e-6, 1e-6));
@@ -100,10 +120,8 @@ TEST(Projection, IsPlainLinearUnderAtenOrAutocast) {
     c.weight.mutable_grad() = at::Tensor();
     at::Tensor out;
     {
-      at::autocast::set_autocast_enabled(c10::kCPU, autocast);
+      const AutocastOn scope(autocast);
       out = project(c.x, c.weight);
-      at::autocast::set_autocast_enabled(c10::kCPU, false);
-      at::autocast::clear_cache();
     }
     EXPECT_EQ(out.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
     EXPECT_FALSE(runs_projection(out)) << out.grad_fn()->name();
