@@ -135,14 +135,14 @@ void GradReducer::finish() {
   next_to_launch_ = 0;
 }
 
-bool overlap_all_reduce(const std::string& overlap, c10::Device device) {
-  if (overlap == "auto") return device.is_cuda();
-  return overlap == "true";
-}
-
 void GradReducer::zero_grad() {
   at::NoGradGuard no_grad;
   for (Bucket& bucket : buckets_) bucket.buffer.zero_();
+}
+
+bool overlap_all_reduce(const std::string& overlap, c10::Device device) {
+  if (overlap == "auto") return device.is_cuda();
+  return overlap == "true";
 }
 
 }  // namespace mltrain

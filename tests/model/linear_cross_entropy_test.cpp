@@ -4,7 +4,6 @@
 #include "model/linear_cross_entropy.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -17,6 +16,7 @@
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
+#include "trainer/precision.h"
 
 namespace mltrain {
 namespace {
@@ -73,29 +73,6 @@ void expect_same_loss_and_gradients(const LossAndGradients& actual,
   EXPECT_LE(relative_error(actual.grad_weight, expected.grad_weight), tolerance);
 }
 
-// CPU bf16 autocast for a scope, as trainer/precision.cpp's AutocastGuard enables it.
-class CpuBf16Autocast {
- public:
-  CpuBf16Autocast()
-      : previous_enabled_(at::autocast::is_autocast_enabled(at::kCPU)),
-        previous_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::increment_nesting();
-  }
-  ~CpuBf16Autocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCPU, previous_enabled_);
-    at::autocast::set_autocast_dtype(at::kCPU, previous_dtype_);
-  }
-  CpuBf16Autocast(const CpuBf16Autocast&) = delete;
-  CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;
-
- private:
-  bool previous_enabled_;
-  at::ScalarType previous_dtype_;
-};
-
 TEST(LinearCrossEntropy, ChunksTakeAboutFourMebibytesOfLogits) {
   EXPECT_EQ(linear_cross_entropy_chunk_rows(4096), 256);
   EXPECT_EQ(linear_cross_entropy_chunk_rows(32000), 32);
@@ -143,7 +120,7 @@ TEST(LinearCrossEntropy, UnderBf16AutocastIsCloseToThePlainLoss) {
   LossAndGradients plain;
   LossAndGradients chunked;
   {
-    const CpuBf16Autocast autocast;
+    const AutocastGuard autocast(c10::Device(c10::kCPU), /*enabled=*/true);
     plain = run(plain_loss, problem);
     chunked = run(chunked_loss(8), problem);
   }

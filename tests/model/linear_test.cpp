@@ -1,18 +1,17 @@
 #include "model/linear.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "model/kernel_choice.h"
+#include "trainer/precision.h"
 
 namespace mltrain {
 namespace {
@@ -29,24 +28,6 @@ class RecordingHook : public torch::autograd::PostAccumulateGradHook {
  private:
   int* calls_;
   at::Tensor* seen_;
-};
-
-// bf16 autocast on the CPU for its scope, when on.
-class AutocastOn {
- public:
-  explicit AutocastOn(bool on) : on_(on) {
-    if (on_) at::autocast::set_autocast_enabled(c10::kCPU, true);
-  }
-  ~AutocastOn() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(c10::kCPU, false);
-    at::autocast::clear_cache();
-  }
-  AutocastOn(const AutocastOn&) = delete;
-  AutocastOn& operator=(const AutocastOn&) = delete;
-
- private:
-  bool on_;
 };
 
 bool runs_projection(const at::Tensor& out) {
@@ -120,7 +101,7 @@ TEST(Projection, IsPlainLinearUnderAtenOrAutocast) {
     c.weight.mutable_grad() = at::Tensor();
     at::Tensor out;
     {
-      const AutocastOn scope(autocast);
+      const AutocastGuard scope(c10::Device(c10::kCPU), autocast);
       out = project(c.x, c.weight);
     }
     EXPECT_EQ(out.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
