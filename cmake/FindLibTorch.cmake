@@ -62,9 +62,10 @@ set_target_properties(torch_cpu PROPERTIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES 
 add_library(mltrain_torch INTERFACE)
 target_include_directories(mltrain_torch SYSTEM BEFORE INTERFACE "${_fmt_shadow}")
 target_link_libraries(mltrain_torch INTERFACE torch)
-# libtorch.so and libtorch_cpu.so export copies of std::filesystem functions that crash when our
-# code's calls bind to them (remove_all segfaults). Naming libstdc++ before any object puts it
-# first among the executable's libraries, so the dynamic linker binds std:: symbols to it.
+# libtorch.so and libtorch_cpu.so export copies of std::filesystem functions, and libtorch.so's
+# remove_all segfaults when our code's calls bind to it. Naming libstdc++ before any object puts it
+# first among the executable's libraries with Debian's toolchain, so the dynamic linker binds std::
+# symbols to it; with Ubuntu 24.04's it did not (bench/GPU_RESULTS.md), hence common/file_tree.h.
 target_link_options(mltrain_torch INTERFACE "LINKER:--push-state,--no-as-needed" -lstdc++ "LINKER:--pop-state")
 
 # ATen's at::parallel_for is inline: compiled without -fopenmp it runs serially, in the caller's

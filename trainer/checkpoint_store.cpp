@@ -9,6 +9,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/file_tree.h"
 
 namespace mltrain {
 namespace {
@@ -31,7 +32,7 @@ void CheckpointStore::remove_stale_temporaries() const {
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
     if (entry.path().extension() == ".tmp") {
       spdlog::warn("removing {}, left by an interrupted checkpoint save", entry.path().string());
-      std::filesystem::remove_all(entry.path());
+      remove_tree(entry.path());
     }
   }
 }
@@ -44,17 +45,17 @@ std::filesystem::path CheckpointStore::save(
   const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
   try {
     std::filesystem::create_directories(directory_);
-    std::filesystem::remove_all(temporary);
+    remove_tree(temporary);
     std::filesystem::create_directory(temporary);
     write_checkpoint(temporary, model, optimizer, progress, config, world_size, after_weights);
     fsync_directory(temporary);
-    std::filesystem::remove_all(final_path);  // a checkpoint of this step from an earlier attempt
+    remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
     std::filesystem::rename(temporary, final_path);
     fsync_directory(directory_);
     write_file_atomically(directory_ / "latest", checkpoint_name(progress.step) + "\n");
   } catch (const std::exception& error) {
     std::error_code ignored;
-    std::filesystem::remove_all(temporary, ignored);
+    remove_tree(temporary, ignored);
     throw std::runtime_error(
         fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
                     "checkpoints are kept",
@@ -82,7 +83,7 @@ void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_
   for (const int64_t step : saved_steps()) {
     if (step > saved_step) continue;
     if (kept++ < keep_last || (keep_every > 0 && step % keep_every == 0)) continue;
-    std::filesystem::remove_all(path_of(step));
+    remove_tree(path_of(step));
   }
 }
 

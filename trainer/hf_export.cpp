@@ -11,6 +11,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/file_tree.h"
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/hf_config.h"
@@ -107,7 +108,7 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
       target.parent_path() / fmt::format("{}.tmp-{}", target.filename().string(), getpid());
   try {
     std::filesystem::create_directories(target.parent_path());
-    std::filesystem::remove_all(staging);  // left by an export of the same process id, killed
+    remove_tree(staging);  // left by an export of the same process id, killed
     std::filesystem::create_directory(staging);
     write_export(staging, model, hf_config, config, with_tokenizer, after_weights);
     // Over an empty directory too: rename replaces one, and refuses one that filled meanwhile,
@@ -126,7 +127,7 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
     fsync_directory(target.parent_path());
   } catch (...) {
     std::error_code ignored;
-    std::filesystem::remove_all(staging, ignored);
+    remove_tree(staging, ignored);
     throw;
   }
   spdlog::info(

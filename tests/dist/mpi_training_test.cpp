@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "common/file_tree.h"
 #include "dist/communicator.h"
 #include "dist/world.h"
 #include "model/safetensors.h"
@@ -19,7 +20,7 @@ const World& world = testing::mpi_world;
 std::filesystem::path shared_directory(Communicator& communicator) {
   const std::filesystem::path directory = MLTRAIN_MPI_TEST_DIR;
   if (world.rank == 0) {
-    std::filesystem::remove_all(directory);
+    remove_tree(directory);
     std::filesystem::create_directories(directory);
     testing::write_learnable_stream(directory / "train_000000.bin", 20000);
     testing::write_learnable_stream(directory / "val_000000.bin", 2000);

@@ -32,8 +32,9 @@ TEST(CudaStep, GradientsStayViewsIntoTheirBucketsAfterBackward) {
                       /*first_bucket_mb=*/0.01, /*overlap=*/true);
   std::vector<at::Tensor> views;
   for (const at::Tensor& parameter : model->parameters()) views.push_back(parameter.grad());
-  const at::Tensor windows =
-      at::randint(testing::tiny_config().vocab_size, {4, 17}, at::TensorOptions().device(cuda));
+  // Options with a device but no dtype give float, not long: the dtype is named.
+  const at::Tensor windows = at::randint(testing::tiny_config().vocab_size, {4, 17},
+                                         at::TensorOptions().dtype(at::kLong).device(cuda));
   for (int step = 0; step < 2; ++step) {
     window_loss(model, windows, cuda, /*bf16=*/true).backward();
     reducer.finish();

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/file_tree.h"
+
 namespace mltrain::testing {
 
 TemporaryDirectory::TemporaryDirectory() {
@@ -23,7 +25,7 @@ TemporaryDirectory::TemporaryDirectory() {
 
 TemporaryDirectory::~TemporaryDirectory() {
   std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+  remove_tree(path_, ignored);
 }
 
 CommandResult run_command(const std::string& command) {
