@@ -44,6 +44,20 @@ void AtomicFileWriter::write(const void* data, std::size_t size) {
   }
 }
 
+void AtomicFileWriter::write_at(std::size_t offset, const void* data, std::size_t size) {
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t written = ::pwrite(fd_, bytes, size, static_cast<off_t>(offset));
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", temporary_);
+    }
+    bytes += written;
+    offset += static_cast<std::size_t>(written);
+    size -= static_cast<std::size_t>(written);
+  }
+}
+
 void AtomicFileWriter::commit() {
   if (::fsync(fd_) != 0) fail("cannot flush", temporary_);
   if (::close(fd_) != 0) {

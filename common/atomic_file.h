@@ -20,6 +20,9 @@ class AtomicFileWriter {
 
   void write(const void* data, std::size_t size);
   void write(std::string_view text) { write(text.data(), text.size()); }
+  // Overwrites bytes already written, at `offset` from the start: for a header whose contents are
+  // known only at the end. The file position stays where write() left it.
+  void write_at(std::size_t offset, const void* data, std::size_t size);
   void commit();
 
  private:

@@ -2,85 +2,21 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
-#include <atomic>
-#include <cctype>
+#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <numeric>
-#include <sstream>
-#include <thread>
+#include <utility>
 
 #include "common/error.h"
+#include "common/file_tree.h"
+#include "data/ordered_pipeline.h"
 #include "data/shard.h"
-#include "data/split_mix.h"
 #include "data/tokenizer.h"
 
 namespace mltrain {
 namespace {
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in || std::filesystem::is_directory(path)) {
-    throw UserError(fmt::format("{}: cannot read the input file", path.string()));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Some fortune files colour their text with terminal escape sequences (ESC [ ... letter), which
-// are markup for a terminal, not text to learn.
-std::string without_terminal_escapes(const std::string& text) {
-  std::string clean;
-  clean.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
-      i += 2;
-      while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
-      continue;
-    }
-    clean += text[i];
-  }
-  return clean;
-}
-
-// Splits text at lines that `is_separator` accepts; the separators themselves are dropped.
-template <class Separator>
-void split_at_lines(const std::string& text, Separator is_separator,
-                    std::vector<std::string>& out) {
-  std::string document;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (is_separator(line)) {
-      if (!document.empty()) out.push_back(std::move(document));
-      document.clear();
-    } else {
-      document += document.empty() ? line : "\n" + line;
-    }
-  }
-  if (!document.empty()) out.push_back(std::move(document));
-}
-
-void read_jsonl(const std::filesystem::path& path, const std::string& text,
-                std::vector<std::string>& out) {
-  std::istringstream lines(text);
-  int64_t number = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const auto record = nlohmann::json::parse(line);
-      const std::string document = record.at("text").get<std::string>();
-      if (!document.empty()) out.push_back(document);
-    } catch (const nlohmann::json::exception& error) {
-      throw UserError(fmt::format("{}:{}: expected a JSON object with a \"text\" string ({})",
-                                  path.string(), number, error.what()));
-    }
-  }
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -88,171 +24,249 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Encodes every document on `threads` threads, logging progress from the calling one.
-std::vector<std::vector<uint32_t>> encode_documents(const Tokenizer& tokenizer,
-                                                    const std::vector<std::string>& documents,
-                                                    int threads) {
-  std::vector<std::vector<uint32_t>> encoded(documents.size());
-  std::atomic<size_t> next{0};
-  std::atomic<size_t> done{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&] {
-      try {
-        for (size_t i = next++; i < documents.size(); i = next++) {
-          encoded[i] = tokenizer.encode(documents[i]);
-          ++done;
-        }
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        error = std::current_exception();
-        next = documents.size();
-      }
-    });
-  }
-  const auto start = Clock::now();
-  size_t reported = 0;
-  while (done < documents.size() && !error) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const size_t finished = done;
-    if (seconds_since(start) > 2 &&
-        finished * 10 / documents.size() > reported * 10 / documents.size()) {
-      const double rate = finished / seconds_since(start);
-      spdlog::info("encoding: {}/{} documents, ETA {:.0f} s", finished, documents.size(),
-                   (documents.size() - finished) / rate);
-      reported = finished;
-    }
-  }
-  for (std::thread& worker : workers) worker.join();
-  if (error) std::rethrow_exception(error);
-  return encoded;
+// The sample's hashes are salted so that it is not the validation split's lowest hashes.
+constexpr uint64_t kSampleSalt = 0x9E3779B97F4A7C15ull;
+
+// Documents travel to the encoders in batches of about this much text: enough to keep a thread
+// busy for a few milliseconds, small enough that the batches in flight hold little memory.
+constexpr int64_t kBatchTextBytes = int64_t{1} << 20;
+
+// A progress line at most this often.
+constexpr double kProgressSeconds = 5.0;
+
+uint64_t document_hash(std::string_view text, uint64_t seed) {
+  return XXH3_64bits_withSeed(text.data(), text.size(), seed);
 }
 
-// Writes the documents' tokens, each followed by end_of_document, as shards prefix_000000.bin...
-int64_t write_split(const std::vector<std::vector<uint32_t>>& encoded,
-                    const std::vector<size_t>& documents, uint32_t end_of_document,
-                    const CorpusPrepOptions& options, const std::string& prefix) {
-  std::vector<uint32_t> shard;
-  int64_t total = 0;
-  int shard_index = 0;
-  const auto flush = [&] {
-    write_shard(options.out_dir / fmt::format("{}_{:06d}.bin", prefix, shard_index++), shard,
-                options.vocab_size);
-    total += static_cast<int64_t>(shard.size());
-    shard.clear();
-  };
-  for (const size_t document : documents) {
-    const std::vector<uint32_t>& tokens = encoded[document];
-    shard.insert(shard.end(), tokens.begin(), tokens.end());
-    shard.push_back(end_of_document);
-    while (static_cast<int64_t>(shard.size()) >= options.shard_tokens) {
-      std::vector<uint32_t> rest(shard.begin() + options.shard_tokens, shard.end());
-      shard.resize(options.shard_tokens);
-      flush();
-      shard = std::move(rest);
-    }
-  }
-  if (!shard.empty()) flush();
-  return total;
+bool is_mlprep_output(const std::filesystem::path& file) {
+  const std::string name = file.filename().string();
+  return name == "tokenizer.model" || name.find(".tmp.") != std::string::npos ||
+         ((name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin"));
 }
+
+// An output directory is new or empty, or with --overwrite loses what mlprep wrote into it before.
+void prepare_out_dir(const CorpusPrepOptions& options) {
+  std::filesystem::create_directories(options.out_dir);
+  std::vector<std::filesystem::path> present;
+  for (const auto& entry : std::filesystem::directory_iterator(options.out_dir))
+    present.push_back(entry.path());
+  if (present.empty()) return;
+  if (!options.overwrite) {
+    throw UserError(fmt::format(
+        "--out {}: the directory is not empty; mlprep writes into a new or empty one (--overwrite "
+        "replaces the shards and tokenizer in it)",
+        options.out_dir.string()));
+  }
+  std::error_code same;
+  for (const std::filesystem::path& file : present) {
+    if (!is_mlprep_output(file)) continue;
+    if (!options.tokenizer.empty() && std::filesystem::equivalent(file, options.tokenizer, same))
+      continue;  // the tokenizer to use
+    remove_tree(file);
+  }
+}
+
+void log_progress(const char* what, int64_t bytes_read, int64_t total_bytes,
+                  Clock::time_point start, const std::string& more) {
+  const double seconds = seconds_since(start);
+  const double rate = bytes_read / std::max(seconds, 1e-9);
+  const std::string eta =
+      total_bytes > bytes_read && rate > 0
+          ? fmt::format(", ETA {:.0f} s", static_cast<double>(total_bytes - bytes_read) / rate)
+          : "";
+  spdlog::info("{}: {:.0f}/{:.0f} MB ({:.0f}%), {:.1f} MB/s{}{}", what, bytes_read / 1e6,
+               total_bytes / 1e6, 100.0 * bytes_read / std::max<int64_t>(total_bytes, 1),
+               rate / 1e6, more, eta);
+}
+
+// Trains the tokenizer on a sample unless one is given; the model ends up in out_dir.
+std::filesystem::path make_tokenizer(const CorpusPrepOptions& options) {
+  const std::filesystem::path model = options.out_dir / "tokenizer.model";
+  if (!options.tokenizer.empty()) {
+    std::error_code same;
+    if (!std::filesystem::equivalent(options.tokenizer, model, same)) {
+      const Tokenizer check(options.tokenizer);  // fails clearly before anything is copied
+      std::filesystem::copy_file(options.tokenizer, model,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    return model;
+  }
+  auto start = Clock::now();
+  const std::vector<std::string> sample = tokenizer_sample(
+      options.inputs, options.reader, options.tokenizer_sample_mb << 20, options.seed);
+  if (sample.empty()) {
+    throw UserError(fmt::format(
+        "no document for the tokenizer to train on: the inputs hold none, or none fits in "
+        "--tokenizer-sample-mb {}",
+        options.tokenizer_sample_mb));
+  }
+  int64_t sample_bytes = 0;
+  for (const std::string& document : sample) sample_bytes += static_cast<int64_t>(document.size());
+  spdlog::info(
+      "sampled {} documents, {:.1f} MB, in {:.1f} s; training a {}-token BPE tokenizer "
+      "on {} threads...",
+      sample.size(), sample_bytes / 1e6, seconds_since(start), options.vocab_size, options.threads);
+  start = Clock::now();
+  train_tokenizer(sample, options.vocab_size, options.threads, model);
+  spdlog::info("tokenizer trained in {:.1f} s: {}", seconds_since(start), model.string());
+  return model;
+}
+
+// Documents on their way from the reader through an encoder to the shard writers.
+struct Batch {
+  std::vector<std::string> documents;
+  std::vector<std::vector<uint32_t>> tokens;
+  int64_t bytes_read = 0;  // the reader's count once the batch was full
+};
+
+// One split's shards and counts.
+struct SplitWriter {
+  ShardSeriesWriter shards;
+  int64_t documents = 0;
+};
 
 }  // namespace
 
-DocumentFormat parse_document_format(const std::string& name) {
-  if (name == "text") return DocumentFormat::kText;
-  if (name == "jsonl") return DocumentFormat::kJsonl;
-  if (name == "fortune") return DocumentFormat::kFortune;
-  throw UserError(fmt::format("--format {}: expected text, jsonl or fortune", name));
+bool is_validation_document(std::string_view text, uint64_t seed, double fraction) {
+  // The top 53 bits as a double in [0, 1).
+  return static_cast<double>(document_hash(text, seed) >> 11) * 0x1p-53 < fraction;
 }
 
-std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,
-                                        DocumentFormat format) {
-  std::vector<std::string> documents;
-  for (const std::filesystem::path& path : inputs) {
-    const std::string text = read_file(path);
-    switch (format) {
-      case DocumentFormat::kText:
-        split_at_lines(
-            text,
-            [](const std::string& line) {
-              return line.find_first_not_of(" \t\r") == std::string::npos;
-            },
-            documents);
-        break;
-      case DocumentFormat::kFortune:
-        split_at_lines(
-            without_terminal_escapes(text),
-            [](const std::string& line) { return line == "%" || line == "%\r"; }, documents);
-        break;
-      case DocumentFormat::kJsonl:
-        read_jsonl(path, text, documents);
-        break;
+std::vector<std::string> tokenizer_sample(const std::vector<std::filesystem::path>& inputs,
+                                          const DocumentReaderOptions& reader_options,
+                                          int64_t max_bytes, uint64_t seed) {
+  DocumentReader reader(inputs, reader_options);
+  const int64_t total_bytes = total_input_bytes(inputs);
+  const auto start = Clock::now();
+  auto reported = start;
+  // The sample is every document whose hash is below a cutoff, the lowest that leaves it within
+  // max_bytes. A max-heap on the hash holds the candidates; a document that leaves it, or arrives
+  // at or above the cutoff, lowers the cutoff to its hash or stays out. The cutoff reached is the
+  // same for any order of the documents, and so is the sample.
+  std::vector<std::pair<uint64_t, std::string>> kept;
+  int64_t kept_bytes = 0;
+  uint64_t cutoff = UINT64_MAX;
+  while (std::optional<std::string> document = reader.next()) {
+    const uint64_t hash = document_hash(*document, seed ^ kSampleSalt);
+    if (hash >= cutoff) continue;
+    kept_bytes += static_cast<int64_t>(document->size());
+    kept.emplace_back(hash, std::move(*document));
+    std::push_heap(kept.begin(), kept.end());
+    while (kept_bytes > max_bytes) {
+      std::pop_heap(kept.begin(), kept.end());
+      cutoff = kept.back().first;
+      kept_bytes -= static_cast<int64_t>(kept.back().second.size());
+      kept.pop_back();
+    }
+    if (seconds_since(reported) > kProgressSeconds) {
+      log_progress("sampling for the tokenizer", reader.bytes_read(), total_bytes, start, "");
+      reported = Clock::now();
     }
   }
-  return documents;
+  // Documents of the cutoff's own hash that came before it was reached (copies of one text).
+  std::erase_if(kept, [&](const auto& entry) { return entry.first >= cutoff; });
+  std::make_heap(kept.begin(), kept.end());
+  std::sort_heap(kept.begin(), kept.end());
+  std::vector<std::string> sample;
+  sample.reserve(kept.size());
+  for (auto& [hash, text] : kept) sample.push_back(std::move(text));
+  return sample;
 }
 
 CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
-  auto start = Clock::now();
-  const std::vector<std::string> documents = read_documents(options.inputs, options.format);
-  if (documents.size() < 2) {
+  // An unreadable input fails the run before anything is written, not hours into it.
+  for (const std::filesystem::path& input : options.inputs) {
+    if (!std::ifstream(input) || std::filesystem::is_directory(input))
+      throw UserError(fmt::format("{}: cannot read the input file", input.string()));
+  }
+  prepare_out_dir(options);
+  const Tokenizer tokenizer(make_tokenizer(options));
+  // Shards hold ids below the tokenizer's own vocabulary size.
+  const int64_t vocab_size = tokenizer.vocab_size();
+  const uint32_t end_of_document = tokenizer.end_of_document();
+  const int64_t unknown = tokenizer.unknown();
+
+  DocumentReader reader(options.inputs, options.reader);
+  const int64_t total_bytes = total_input_bytes(options.inputs);
+  SplitWriter train{ShardSeriesWriter(options.out_dir, "train", vocab_size, options.shard_tokens)};
+  SplitWriter val{ShardSeriesWriter(options.out_dir, "val", vocab_size, options.shard_tokens)};
+  CorpusPrepReport report;
+  const auto start = Clock::now();
+  auto reported = start;
+
+  const std::function<std::optional<Batch>()> read_batch = [&]() -> std::optional<Batch> {
+    Batch batch;
+    int64_t text_bytes = 0;
+    while (text_bytes < kBatchTextBytes) {
+      std::optional<std::string> document = reader.next();
+      if (!document) break;
+      text_bytes += static_cast<int64_t>(document->size());
+      batch.documents.push_back(std::move(*document));
+    }
+    if (batch.documents.empty()) return std::nullopt;
+    batch.bytes_read = reader.bytes_read();
+    return batch;
+  };
+  const std::function<void(Batch&)> encode = [&](Batch& batch) {
+    batch.tokens.reserve(batch.documents.size());
+    for (const std::string& document : batch.documents)
+      batch.tokens.push_back(tokenizer.encode(document));
+  };
+  const std::function<void(Batch&)> write = [&](Batch& batch) {
+    for (size_t i = 0; i < batch.documents.size(); ++i) {
+      SplitWriter& split =
+          is_validation_document(batch.documents[i], options.seed, options.val_fraction) ? val
+                                                                                         : train;
+      split.shards.append(batch.tokens[i]);
+      split.shards.append({&end_of_document, 1});
+      ++split.documents;
+      report.text_bytes += static_cast<int64_t>(batch.documents[i].size());
+      if (unknown >= 0)
+        report.unknown_tokens += std::count(batch.tokens[i].begin(), batch.tokens[i].end(),
+                                            static_cast<uint32_t>(unknown));
+    }
+    if (seconds_since(reported) > kProgressSeconds) {
+      log_progress("encoding", batch.bytes_read, total_bytes, start,
+                   fmt::format(", {} documents, {} tokens", train.documents + val.documents,
+                               train.shards.num_tokens() + val.shards.num_tokens()));
+      reported = Clock::now();
+    }
+  };
+  run_ordered_pipeline<Batch>(read_batch, encode, write, options.threads,
+                              /*max_in_flight=*/2 * options.threads + 2);
+
+  report.train_documents = train.documents;
+  report.val_documents = val.documents;
+  report.train_tokens = train.shards.num_tokens();
+  report.val_tokens = val.shards.num_tokens();
+  report.train_shards = train.shards.finish();
+  report.val_shards = val.shards.finish();
+  report.bad_lines = reader.bad_lines();
+  if (report.train_documents + report.val_documents < 2) {
     throw UserError(
         fmt::format("the inputs hold {} document(s): at least 2 are needed for a "
                     "training and a validation split",
-                    documents.size()));
+                    report.train_documents + report.val_documents));
   }
-  CorpusPrepReport report;
-  for (const std::string& document : documents)
-    report.text_bytes += static_cast<int64_t>(document.size());
-  spdlog::info("read {} documents, {:.1f} MB of text, in {:.1f} s", documents.size(),
-               report.text_bytes / 1e6, seconds_since(start));
-
-  std::filesystem::create_directories(options.out_dir);
-  const std::filesystem::path model = options.out_dir / "tokenizer.model";
-  if (options.tokenizer.empty()) {
-    start = Clock::now();
-    spdlog::info("training a {}-token BPE tokenizer on {} threads...", options.vocab_size,
-                 options.threads);
-    train_tokenizer(documents, options.vocab_size, options.threads, model);
-    spdlog::info("tokenizer trained in {:.1f} s: {}", seconds_since(start), model.string());
-  } else if (std::filesystem::absolute(options.tokenizer) != std::filesystem::absolute(model)) {
-    const Tokenizer check(options.tokenizer);  // fails clearly before anything is copied
-    std::filesystem::copy_file(options.tokenizer, model,
-                               std::filesystem::copy_options::overwrite_existing);
-  }
-  const Tokenizer tokenizer(model);
-
-  // Validation documents: a seeded choice of round(fraction x n); the rest stay in file order.
-  std::vector<size_t> order(documents.size());
-  std::iota(order.begin(), order.end(), 0);
-  SplitMix64(options.seed).shuffle(order);
-  const auto val_count = static_cast<size_t>(std::llround(options.val_fraction * documents.size()));
-  std::vector<size_t> val(order.begin(), order.begin() + val_count);
-  std::vector<size_t> train(order.begin() + val_count, order.end());
-  std::sort(val.begin(), val.end());
-  std::sort(train.begin(), train.end());
-
-  start = Clock::now();
-  const auto encoded = encode_documents(tokenizer, documents, options.threads);
-  // Shards hold ids below the tokenizer's own vocabulary size.
-  CorpusPrepOptions shard_options = options;
-  shard_options.vocab_size = tokenizer.vocab_size();
-  report.train_documents = static_cast<int64_t>(train.size());
-  report.val_documents = static_cast<int64_t>(val.size());
-  report.train_tokens =
-      write_split(encoded, train, tokenizer.end_of_document(), shard_options, "train");
-  if (!val.empty()) {
-    report.val_tokens =
-        write_split(encoded, val, tokenizer.end_of_document(), shard_options, "val");
-  }
+  const int64_t tokens = report.train_tokens + report.val_tokens;
+  spdlog::info("encoded {} documents, {:.1f} MB, in {:.1f} s: {:.2f} bytes per token",
+               report.train_documents + report.val_documents, report.text_bytes / 1e6,
+               seconds_since(start), static_cast<double>(report.text_bytes) / tokens);
   spdlog::info(
-      "encoded in {:.1f} s: {} train tokens ({} documents), {} val tokens ({} documents), "
-      "{:.2f} bytes per token",
-      seconds_since(start), report.train_tokens, report.train_documents, report.val_tokens,
-      report.val_documents,
-      static_cast<double>(report.text_bytes) / (report.train_tokens + report.val_tokens));
+      "train: {} tokens, {} documents, {} shard(s); val: {} tokens, {} documents, {} "
+      "shard(s)",
+      report.train_tokens, report.train_documents, report.train_shards, report.val_tokens,
+      report.val_documents, report.val_shards);
+  spdlog::info(
+      "unknown tokens: {} ({:.4f}% of all){}", report.unknown_tokens,
+      100.0 * report.unknown_tokens / tokens,
+      report.bad_lines > 0 ? fmt::format("; bad lines passed over: {}", report.bad_lines) : "");
+  if (options.val_fraction > 0 && report.val_documents == 0) {
+    spdlog::warn(
+        "no document fell in the validation split (--val-fraction {}): mltrain needs "
+        "val shards; give a larger fraction",
+        options.val_fraction);
+  }
   return report;
 }
 

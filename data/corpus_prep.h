@@ -3,36 +3,25 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "data/document_reader.h"
 
 namespace mltrain {
 
-// How input files hold documents.
-enum class DocumentFormat {
-  kText,     // plain text; blank lines separate documents (a file without one is one document)
-  kJsonl,    // one JSON object per line with a "text" field
-  kFortune,  // fortune files: a line holding only "%" separates documents; terminal colour
-             // escapes are removed
-};
-
-// "text", "jsonl" or "fortune"; anything else is a UserError.
-DocumentFormat parse_document_format(const std::string& name);
-
-// The documents of the files, in order. An unreadable file or a bad JSONL line (named by file and
-// line) is a UserError; empty documents are dropped.
-std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,
-                                        DocumentFormat format);
-
 struct CorpusPrepOptions {
-  std::vector<std::filesystem::path> inputs;
+  std::vector<std::filesystem::path> inputs;  // files (list_input_files expands the command line)
   std::filesystem::path out_dir;
-  DocumentFormat format = DocumentFormat::kText;
+  DocumentReaderOptions reader;
   int64_t vocab_size = 4096;
   std::filesystem::path tokenizer;  // an existing model to use; empty: train one
+  int64_t tokenizer_sample_mb = 100;
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   int threads = 1;
   uint64_t seed = 1337;
+  bool overwrite = false;  // replace mlprep's files in a non-empty out_dir instead of refusing it
 };
 
 struct CorpusPrepReport {
@@ -40,13 +29,28 @@ struct CorpusPrepReport {
   int64_t val_documents = 0;
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
+  int64_t train_shards = 0;
+  int64_t val_shards = 0;
   int64_t text_bytes = 0;
+  int64_t bad_lines = 0;
+  int64_t unknown_tokens = 0;
 };
 
-// Tokenizes the documents (training a tokenizer first unless one is given) and writes into out_dir
-// train_000000.bin..., val_000000.bin... (each document followed by the end-of-document token)
-// and tokenizer.model. The validation split is round(val_fraction x documents) documents chosen
-// by a seeded shuffle; the rest keep their order.
+// Streams the documents of the inputs through `threads` encoders into out_dir/train_000000.bin...
+// and val_000000.bin... (each document followed by the end-of-document token), training
+// out_dir/tokenizer.model first on a sample unless one is given. Memory stays bounded whatever
+// the corpus's size, the shards are the same bytes for any number of threads, and each appears
+// whole or not at all. A non-empty out_dir is a UserError unless options.overwrite.
 CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options);
+
+// Whether a document belongs to the validation split: a seeded hash of its text below
+// `fraction`, so that the split holds whatever order or files the documents come in.
+bool is_validation_document(std::string_view text, uint64_t seed, double fraction);
+
+// The tokenizer's training text: the documents of the lowest seeded hashes that fit in
+// `max_bytes`, a sample of the whole corpus that neither its order nor its size changes.
+std::vector<std::string> tokenizer_sample(const std::vector<std::filesystem::path>& inputs,
+                                          const DocumentReaderOptions& reader, int64_t max_bytes,
+                                          uint64_t seed);
 
 }  // namespace mltrain

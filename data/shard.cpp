@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
-#include "common/atomic_file.h"
 #include "common/error.h"
 
 namespace mltrain {
@@ -37,29 +38,104 @@ void widen(const unsigned char* bytes, std::span<int64_t> out) {
 
 int token_bytes_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
+namespace {
+
+// Tokens are narrowed and buffered in blocks of this many before they are written.
+constexpr size_t kWriteBlockTokens = size_t{1} << 18;
+
+}  // namespace
+
+ShardFileWriter::ShardFileWriter(const std::filesystem::path& path, int64_t vocab_size)
+    : file_(path), token_bytes_(token_bytes_for_vocab(vocab_size)) {
+  const std::array<int32_t, kShardHeaderInts> placeholder{};
+  file_.write(placeholder.data(), sizeof(placeholder));
+  buffer_.reserve(kWriteBlockTokens * token_bytes_);
+}
+
+void ShardFileWriter::append(std::span<const uint32_t> tokens) {
+  if (num_tokens_ + static_cast<int64_t>(tokens.size()) > kMaxShardTokens) {
+    throw std::runtime_error(fmt::format("a shard holds at most {} tokens", kMaxShardTokens));
+  }
+  num_tokens_ += static_cast<int64_t>(tokens.size());
+  const size_t block_bytes = kWriteBlockTokens * token_bytes_;
+  while (!tokens.empty()) {
+    const size_t taken = std::min((block_bytes - buffer_.size()) / token_bytes_, tokens.size());
+    const size_t at = buffer_.size();
+    buffer_.resize(at + taken * token_bytes_);
+    unsigned char* out = buffer_.data() + at;
+    if (token_bytes_ == 4) {
+      std::memcpy(out, tokens.data(), taken * 4);
+    } else {
+      for (size_t i = 0; i < taken; ++i) {
+        const auto narrow = static_cast<uint16_t>(tokens[i]);
+        std::memcpy(out + 2 * i, &narrow, 2);
+      }
+    }
+    tokens = tokens.subspan(taken);
+    if (buffer_.size() == block_bytes) flush();
+  }
+}
+
+void ShardFileWriter::flush() {
+  file_.write(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void ShardFileWriter::commit() {
+  flush();
+  std::array<int32_t, kShardHeaderInts> header{};
+  header[0] = token_bytes_ == 2 ? kShardMagicU16 : kShardMagicU32;
+  header[1] = token_bytes_ == 2 ? kShardVersionU16 : kShardVersionU32;
+  const auto count = static_cast<uint32_t>(num_tokens_);
+  std::memcpy(&header[2], &count, sizeof(count));
+  file_.write_at(0, header.data(), sizeof(header));
+  file_.commit();
+}
+
 void write_shard(const std::filesystem::path& path, std::span<const uint32_t> tokens,
                  int64_t vocab_size) {
-  const int token_bytes = token_bytes_for_vocab(vocab_size);
-  std::array<int32_t, kShardHeaderInts> header{};
-  header[0] = token_bytes == 2 ? kShardMagicU16 : kShardMagicU32;
-  header[1] = token_bytes == 2 ? kShardVersionU16 : kShardVersionU32;
-  const uint32_t count = static_cast<uint32_t>(tokens.size());
-  std::memcpy(&header[2], &count, sizeof(count));
+  ShardFileWriter shard(path, vocab_size);
+  shard.append(tokens);
+  shard.commit();
+}
 
-  AtomicFileWriter file(path);
-  file.write(header.data(), sizeof(header));
-  if (token_bytes == 4) {
-    file.write(tokens.data(), tokens.size_bytes());
-  } else {
-    // Narrowed in blocks so a large shard needs no second full-size buffer.
-    std::vector<uint16_t> block;
-    for (size_t start = 0; start < tokens.size(); start += 1 << 20) {
-      const auto part = tokens.subspan(start, std::min<size_t>(1 << 20, tokens.size() - start));
-      block.assign(part.begin(), part.end());
-      file.write(block.data(), block.size() * sizeof(uint16_t));
+ShardSeriesWriter::ShardSeriesWriter(std::filesystem::path directory, std::string prefix,
+                                     int64_t vocab_size, int64_t shard_tokens)
+    : directory_(std::move(directory)),
+      prefix_(std::move(prefix)),
+      vocab_size_(vocab_size),
+      shard_tokens_(shard_tokens) {
+  if (shard_tokens < 1 || shard_tokens > kMaxShardTokens) {
+    throw UserError(fmt::format("--shard-tokens {}: a shard holds 1 to {} tokens", shard_tokens,
+                                kMaxShardTokens));
+  }
+}
+
+void ShardSeriesWriter::append(std::span<const uint32_t> tokens) {
+  while (!tokens.empty()) {
+    if (!current_) {
+      current_.emplace(directory_ / fmt::format("{}_{:06d}.bin", prefix_, shards_), vocab_size_);
+    }
+    const auto room = static_cast<size_t>(shard_tokens_ - current_->num_tokens());
+    const size_t taken = std::min(room, tokens.size());
+    current_->append(tokens.first(taken));
+    num_tokens_ += static_cast<int64_t>(taken);
+    tokens = tokens.subspan(taken);
+    if (current_->num_tokens() == shard_tokens_) {
+      current_->commit();
+      current_.reset();
+      ++shards_;
     }
   }
-  file.commit();
+}
+
+int64_t ShardSeriesWriter::finish() {
+  if (current_) {
+    current_->commit();
+    current_.reset();
+    ++shards_;
+  }
+  return shards_;
 }
 
 ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size) : path_(std::move(path)) {

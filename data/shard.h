@@ -2,7 +2,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
+
+#include "common/atomic_file.h"
 
 namespace mltrain {
 
@@ -20,10 +25,54 @@ inline constexpr int32_t kShardVersionU32 = 7;
 // Bytes per token a shard for this vocabulary uses: 2 when every id fits uint16, else 4.
 int token_bytes_for_vocab(int64_t vocab_size);
 
-// Writes tokens as a shard of the narrowest token type that holds vocab_size, atomically
-// (temporary name, fsync, rename). Ids must be below vocab_size.
+// The most tokens one shard holds: its header counts them in 32 bits.
+inline constexpr int64_t kMaxShardTokens = 0xFFFF'FFFF;
+
+// One shard written as its tokens arrive, in the narrowest token type that holds vocab_size (ids
+// must be below it): only a small buffer is held, the header's count is filled in by commit(), and
+// the file appears under its name only then (AtomicFileWriter: a temporary name, fsync, rename).
+// Destroyed without commit() it leaves nothing. Write failures throw std::runtime_error.
+class ShardFileWriter {
+ public:
+  ShardFileWriter(const std::filesystem::path& path, int64_t vocab_size);
+  void append(std::span<const uint32_t> tokens);
+  int64_t num_tokens() const { return num_tokens_; }
+  void commit();
+
+ private:
+  void flush();
+
+  AtomicFileWriter file_;
+  int token_bytes_;
+  int64_t num_tokens_ = 0;
+  std::vector<unsigned char> buffer_;
+};
+
+// Writes tokens as one shard, atomically (ShardFileWriter).
 void write_shard(const std::filesystem::path& path, std::span<const uint32_t> tokens,
                  int64_t vocab_size);
+
+// A split's shards, DIR/PREFIX_000000.bin, PREFIX_000001.bin..., written as tokens arrive: each
+// shard holds `shard_tokens` tokens but the last, and appears complete or not at all, so an
+// interrupted run leaves whole shards only.
+class ShardSeriesWriter {
+ public:
+  ShardSeriesWriter(std::filesystem::path directory, std::string prefix, int64_t vocab_size,
+                    int64_t shard_tokens);
+  void append(std::span<const uint32_t> tokens);
+  // Commits the last shard. Returns the number of shards written.
+  int64_t finish();
+  int64_t num_tokens() const { return num_tokens_; }
+
+ private:
+  std::filesystem::path directory_;
+  std::string prefix_;
+  int64_t vocab_size_;
+  int64_t shard_tokens_;
+  int64_t shards_ = 0;
+  int64_t num_tokens_ = 0;
+  std::optional<ShardFileWriter> current_;
+};
 
 // A shard mapped read-only; never copied whole. Opening validates the header, that the file size
 // is exactly header + count x token size, and, with a full vectorised scan, that every token id

@@ -116,6 +116,8 @@ int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 
 uint32_t Tokenizer::end_of_document() const { return static_cast<uint32_t>(processor_->eos_id()); }
 
+int64_t Tokenizer::unknown() const { return processor_->unk_id(); }
+
 std::string Tokenizer::serialized() const { return processor_->serialized_model_proto(); }
 
 std::vector<Tokenizer::Piece> Tokenizer::pieces() const {

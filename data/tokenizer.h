@@ -25,6 +25,9 @@ class Tokenizer {
   int64_t vocab_size() const;
   // The token that ends every document in a prepared corpus.
   uint32_t end_of_document() const;
+  // The token of text the vocabulary cannot spell; -1 if it has none. Models that mlprep trains
+  // fall back to bytes and never produce it.
+  int64_t unknown() const;
 
   // The vocabulary in id order, as another tokenizer library needs it spelled out.
   enum class PieceKind { normal, control, unknown, byte, unused };

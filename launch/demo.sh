@@ -12,7 +12,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "preparing the demo corpus into data/demo/"
 mapfile -t fortunes < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort)
-build/bin/mlprep --input "${fortunes[@]}" --format fortune --vocab-size 4096 --out data/demo
+build/bin/mlprep --input "${fortunes[@]}" --format fortune --vocab-size 4096 --out data/demo --overwrite
 
 step "training configs/smoke.yaml into runs/smoke/"
 # The demo trains from scratch each time (on a corpus just prepared anew): its previous run goes.

@@ -14,9 +14,10 @@
 namespace {
 
 const char* const kDescription =
-    R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer (unless one is given),
-encodes the documents and writes DIR/train_000000.bin..., DIR/val_000000.bin... (llm.c token
-shards) and DIR/tokenizer.model.
+    R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer on a sample (unless one is
+given), streams the documents through parallel encoders and writes DIR/train_000000.bin...,
+DIR/val_000000.bin... (llm.c token shards) and DIR/tokenizer.model. Memory stays bounded whatever
+the corpus's size; the shards are the same for any --threads; each appears whole or not at all.
 )";
 
 // All of `text` as one number, or none.
@@ -49,38 +50,55 @@ CLI::Validator fraction() {
       "");
 }
 
-// mlprep's arguments, bound to `options` and `format`: parsing and --help both come from here.
-void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options, std::string& format) {
+// mlprep's arguments, bound to `options`, `inputs` and `format`: parsing and --help both come
+// from here.
+void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
+                      std::vector<std::string>& inputs, std::string& format) {
   app.name("mlprep");
   app.description(kDescription);
   // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
   app.allow_extras();
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--input", options.inputs, "input files (several may follow one --input)")
+  app.add_option("--input", inputs,
+                 "input files, directories (their files, recursively) or quoted globs;\n"
+                 "several may follow one --input")
       ->required()
-      ->type_name("FILE");
+      ->type_name("PATH");
   app.add_option("--out", options.out_dir, "output directory")->required()->type_name("DIR");
   app.add_option("--format", format,
-                 "text (blank lines separate documents), jsonl (\"text\" field) or\n"
-                 "fortune (\"%\" lines separate documents); default text")
+                 "text (blank lines separate documents), jsonl (one object per line)\n"
+                 "or fortune (\"%\" lines separate documents); default text")
       ->type_name("F");
+  app.add_option("--text-field", options.reader.text_field,
+                 "the jsonl field that holds a document; default text")
+      ->type_name("NAME");
+  app.add_flag("--skip-bad-lines", options.reader.skip_bad_lines,
+               "count and pass over jsonl lines without the text field, instead of stopping");
   app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
       ->type_name("N")
       ->check(integer_at_least(260));
   app.add_option("--tokenizer", options.tokenizer,
                  "use this SentencePiece model instead of training one")
       ->type_name("MODEL");
+  app.add_option("--tokenizer-sample-mb", options.tokenizer_sample_mb,
+                 "the tokenizer trains on a seeded sample of this much text; default 100")
+      ->type_name("MB")
+      ->check(integer_at_least(1));
   app.add_option("--val-fraction", options.val_fraction,
-                 "share of documents held out for validation; default 0.05")
+                 "share of documents held out for validation, chosen by a seeded hash\n"
+                 "of their text; default 0.05")
       ->type_name("F")
       ->check(fraction());
   app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard file; default 100000000")
       ->type_name("N")
       ->check(integer_at_least(1));
+  app.add_flag("--overwrite", options.overwrite,
+               "replace the shards and tokenizer of a non-empty --out directory");
   app.add_option("--threads", options.threads, "encoding and training threads; default: all cores")
       ->type_name("N")
       ->check(integer_at_least(1));
-  app.add_option("--seed", options.seed, "seed of the validation choice; default 1337")
+  app.add_option("--seed", options.seed,
+                 "seed of the validation split and the tokenizer's sample; default 1337")
       ->type_name("N")
       ->check(integer_at_least(0));
 }
@@ -90,9 +108,10 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options, std::s
 std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* const* argv) {
   mltrain::CorpusPrepOptions options;
   options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> inputs;
   std::string format = "text";
   CLI::App app;
-  define_arguments(app, options, format);
+  define_arguments(app, options, inputs, format);
   std::string missing;
   try {
     app.parse(argc, argv);
@@ -112,7 +131,8 @@ std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* 
         extra.front().starts_with("-") ? "unknown option" : "unexpected argument", extra.front()));
   }
   if (!missing.empty()) throw mltrain::UserError(fmt::format("{} (see mlprep --help)", missing));
-  options.format = mltrain::parse_document_format(format);
+  options.reader.format = mltrain::parse_document_format(format);
+  options.inputs = mltrain::list_input_files(inputs);
   return options;
 }
 

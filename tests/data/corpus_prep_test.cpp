@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "common/error.h"
 #include "data/shard.h"
@@ -41,11 +45,14 @@ std::vector<std::string> decode_split(const std::filesystem::path& dir, const st
   return documents;
 }
 
+// The standard deviation of a count of successes in n draws of probability p.
+double binomial_sigma(size_t n, double p) { return std::sqrt(n * p * (1 - p)); }
+
 TEST(CorpusPrep, ShardsDecodeToTheInputDocuments) {
   TemporaryDirectory dir;
   CorpusPrepOptions options;
   options.inputs = kFortunes;
-  options.format = DocumentFormat::kFortune;
+  options.reader.format = DocumentFormat::kFortune;
   options.out_dir = dir / "out";
   options.vocab_size = 1500;
   options.val_fraction = 0.1;
@@ -55,8 +62,10 @@ TEST(CorpusPrep, ShardsDecodeToTheInputDocuments) {
 
   const std::vector<std::string> documents = read_documents(kFortunes, DocumentFormat::kFortune);
   ASSERT_GT(documents.size(), 500u);
-  EXPECT_EQ(report.val_documents, std::llround(0.1 * documents.size()));
+  EXPECT_NEAR(report.val_documents, 0.1 * documents.size(),
+              5 * binomial_sigma(documents.size(), 0.1));
   EXPECT_EQ(report.train_documents + report.val_documents, static_cast<int64_t>(documents.size()));
+  EXPECT_EQ(report.train_shards, (report.train_tokens + 19999) / 20000);
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "train_000002.bin"));
 
   const Tokenizer tokenizer(dir / "out" / "tokenizer.model");
@@ -69,21 +78,6 @@ TEST(CorpusPrep, ShardsDecodeToTheInputDocuments) {
   std::sort(decoded.begin(), decoded.end());
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(decoded, expected);
-}
-
-TEST(CorpusPrep, ReadsTheThreeDocumentFormats) {
-  TemporaryDirectory dir;
-  testing::write_text(dir / "a.txt", "first doc\nline two\n\n\nsecond doc\n");
-  testing::write_text(dir / "b.txt", "a whole file\n");
-  EXPECT_EQ(read_documents({dir / "a.txt", dir / "b.txt"}, DocumentFormat::kText),
-            (std::vector<std::string>{"first doc\nline two", "second doc", "a whole file"}));
-  testing::write_text(dir / "c.jsonl",
-                      "{\"text\": \"one\\ntwo\", \"id\": 1}\n\n{\"text\": \"three\"}\n");
-  EXPECT_EQ(read_documents({dir / "c.jsonl"}, DocumentFormat::kJsonl),
-            (std::vector<std::string>{"one\ntwo", "three"}));
-  testing::write_text(dir / "d", "A fortune.\n%\nAnother,\n  \x1b[33mindented\x1b[m.\n%\n");
-  EXPECT_EQ(read_documents({dir / "d"}, DocumentFormat::kFortune),
-            (std::vector<std::string>{"A fortune.", "Another,\n  indented."}));
 }
 
 TEST(CorpusPrep, BadInputsAreNamed) {
@@ -110,6 +104,141 @@ TEST(CorpusPrep, BadInputsAreNamed) {
   }
   testing::write_text(dir / "garbage.model", "not a model");
   EXPECT_THROW(Tokenizer(dir / "garbage.model"), UserError);
+}
+
+// The token shards of a prepared directory, by file name, as bytes.
+std::map<std::string, std::string> shard_bytes(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> shards;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".bin")
+      shards[entry.path().filename().string()] = testing::read_text(entry.path());
+  }
+  return shards;
+}
+
+CorpusPrepOptions fortune_options(const std::filesystem::path& out, int threads) {
+  CorpusPrepOptions options;
+  options.inputs = kFortunes;
+  options.reader.format = DocumentFormat::kFortune;
+  options.out_dir = out;
+  options.vocab_size = 1500;
+  options.shard_tokens = 20000;
+  options.threads = threads;
+  return options;
+}
+
+TEST(CorpusPrep, ShardsAreTheSameBytesForAnyThreadCount) {
+  TemporaryDirectory dir;
+  prepare_corpus(fortune_options(dir / "one", 1));
+  prepare_corpus(fortune_options(dir / "three", 3));
+  const auto one = shard_bytes(dir / "one");
+  ASSERT_GT(one.size(), 3u);
+  EXPECT_EQ(shard_bytes(dir / "three"), one);
+  // The model files differ only in the thread count SentencePiece records; the vocabulary is one.
+  const auto one_pieces = Tokenizer(dir / "one" / "tokenizer.model").pieces();
+  const auto three_pieces = Tokenizer(dir / "three" / "tokenizer.model").pieces();
+  ASSERT_EQ(three_pieces.size(), one_pieces.size());
+  for (size_t i = 0; i < one_pieces.size(); ++i) {
+    EXPECT_EQ(three_pieces[i].text, one_pieces[i].text) << i;
+    EXPECT_EQ(three_pieces[i].score, one_pieces[i].score) << i;
+  }
+}
+
+TEST(CorpusPrep, TheValidationSplitHoldsWhateverTheOrderAndFiles) {
+  TemporaryDirectory dir;
+  std::vector<std::string> documents = read_documents(kFortunes, DocumentFormat::kFortune);
+  const auto write_documents = [](const std::filesystem::path& file, auto first, auto last) {
+    std::string text;
+    for (auto it = first; it != last; ++it) text += *it + "\n%\n";
+    testing::write_text(file, text);
+  };
+  const auto middle = documents.begin() + static_cast<std::ptrdiff_t>(documents.size() / 2);
+  write_documents(dir / "first_half", documents.begin(), middle);
+  write_documents(dir / "second_half", middle, documents.end());
+  write_documents(dir / "reversed", documents.rbegin(), documents.rend());
+
+  CorpusPrepOptions two_files = fortune_options(dir / "two_files", 2);
+  two_files.inputs = {dir / "first_half", dir / "second_half"};
+  prepare_corpus(two_files);
+  CorpusPrepOptions reversed = two_files;
+  reversed.inputs = {dir / "reversed"};
+  reversed.out_dir = dir / "reversed_out";
+  reversed.tokenizer = dir / "two_files" / "tokenizer.model";
+  prepare_corpus(reversed);
+
+  const Tokenizer tokenizer(dir / "two_files" / "tokenizer.model");
+  std::vector<std::string> val_of_two = decode_split(dir / "two_files", "val", tokenizer);
+  std::vector<std::string> val_of_reversed = decode_split(dir / "reversed_out", "val", tokenizer);
+  ASSERT_FALSE(val_of_two.empty());
+  std::sort(val_of_two.begin(), val_of_two.end());
+  std::sort(val_of_reversed.begin(), val_of_reversed.end());
+  EXPECT_EQ(val_of_reversed, val_of_two);
+}
+
+TEST(CorpusPrep, TheValidationHashTakesTheAskedShare) {
+  constexpr size_t kDocuments = 100'000;
+  size_t chosen = 0;
+  size_t chosen_by_both_seeds = 0;
+  for (size_t i = 0; i < kDocuments; ++i) {
+    const std::string text = fmt::format("document number {}", i);
+    const bool first = is_validation_document(text, 1337, 0.2);
+    chosen += first ? 1 : 0;
+    chosen_by_both_seeds += first && is_validation_document(text, 7, 0.2) ? 1 : 0;
+    EXPECT_EQ(is_validation_document(text, 1337, 0.2), first);  // the text decides
+    EXPECT_FALSE(is_validation_document(text, 1337, 0.0));
+  }
+  EXPECT_NEAR(chosen, 0.2 * kDocuments, 5 * binomial_sigma(kDocuments, 0.2));
+  // Another seed draws independently: both choose 4% of the documents, not the same 20%.
+  EXPECT_NEAR(chosen_by_both_seeds, 0.04 * kDocuments, 5 * binomial_sigma(kDocuments, 0.04));
+}
+
+TEST(CorpusPrep, TheTokenizerSampleIsBoundedSeededAndFreeOfTheOrder) {
+  TemporaryDirectory dir;
+  std::string forward;
+  std::string backward;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string document = fmt::format("sample document {} {}", i, std::string(i % 97, 'x'));
+    forward += document + "\n\n";
+    backward = document + "\n\n" + backward;
+  }
+  testing::write_text(dir / "forward.txt", forward);
+  testing::write_text(dir / "backward.txt", backward);
+  constexpr int64_t kMaxBytes = 20'000;
+  const DocumentReaderOptions text{.format = DocumentFormat::kText};
+  const auto sample = tokenizer_sample({dir / "forward.txt"}, text, kMaxBytes, 1);
+  int64_t bytes = 0;
+  for (const std::string& document : sample) bytes += static_cast<int64_t>(document.size());
+  EXPECT_LE(bytes, kMaxBytes);
+  EXPECT_GT(bytes, kMaxBytes - 200);  // full but for less than one document
+  EXPECT_EQ(tokenizer_sample({dir / "backward.txt"}, text, kMaxBytes, 1), sample);
+  EXPECT_NE(tokenizer_sample({dir / "forward.txt"}, text, kMaxBytes, 2), sample);
+  // A corpus smaller than the bound is taken whole.
+  EXPECT_EQ(tokenizer_sample({dir / "forward.txt"}, text, 1 << 30, 1).size(), 2000u);
+}
+
+TEST(CorpusPrep, ANonEmptyOutputDirectoryIsRefusedUnlessOverwriting) {
+  TemporaryDirectory dir;
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  std::filesystem::create_directories(dir / "out");
+  testing::write_text(dir / "out" / "notes.txt", "mine");
+  try {
+    prepare_corpus(options);
+    FAIL() << "a non-empty directory was written into";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "the directory is not empty");
+    EXPECT_CONTAINS(std::string(error.what()), "--overwrite");
+  }
+  EXPECT_EQ(std::filesystem::directory_iterator(dir / "out")->path().filename(), "notes.txt");
+  EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
+
+  // Overwriting replaces what mlprep wrote, a shard the new run has no use for too, and nothing
+  // else.
+  testing::write_text(dir / "out" / "train_000099.bin", "an old shard");
+  options.overwrite = true;
+  prepare_corpus(options);
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000099.bin"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
+  EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
 }
 
 }  // namespace

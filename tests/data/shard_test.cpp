@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -86,6 +89,53 @@ TEST(Shard, WriterPicksTheNarrowestTypeAndRoundTrips) {
   std::ifstream(dir / "large.bin", std::ios::binary)
       .read(reinterpret_cast<char*>(header.data()), 12);
   EXPECT_EQ(header, (std::array<int32_t, 3>{20240801, 7, 1000}));
+}
+
+// Tokens appended in uneven pieces come out cut at the shard size, each shard whole, across the
+// writer's internal blocks of 2^18 tokens too.
+TEST(Shard, SeriesWriterCutsShardsAtTheirSize) {
+  TemporaryDirectory dir;
+  std::vector<uint32_t> tokens(700'000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 31) % 5000);
+  ShardSeriesWriter writer(dir.path(), "train", 5000, /*shard_tokens=*/300'000);
+  size_t start = 0;
+  for (size_t piece = 1; start < tokens.size(); piece = piece * 3 + 1) {
+    const size_t taken = std::min(piece, tokens.size() - start);
+    writer.append(std::span<const uint32_t>(tokens).subspan(start, taken));
+    start += taken;
+    EXPECT_EQ(writer.num_tokens(), static_cast<int64_t>(start));
+  }
+  // Before finish() the last, partial shard is not there under its name.
+  EXPECT_TRUE(std::filesystem::exists(dir / "train_000001.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "train_000002.bin"));
+  EXPECT_EQ(writer.finish(), 3);
+  std::vector<int64_t> all;
+  for (const auto& [name, size] : {std::pair{"train_000000.bin", 300'000},
+                                   {"train_000001.bin", 300'000},
+                                   {"train_000002.bin", 100'000}}) {
+    const ShardReader shard(dir / name, 5000);
+    EXPECT_EQ(shard.num_tokens(), size) << name;
+    const std::vector<int64_t> read = read_all(shard);
+    all.insert(all.end(), read.begin(), read.end());
+  }
+  EXPECT_EQ(all, std::vector<int64_t>(tokens.begin(), tokens.end()));
+}
+
+// A writer that ends without finish(), as when a run is interrupted, leaves its complete shards
+// and no partial one.
+TEST(Shard, AnAbandonedSeriesLeavesOnlyCompleteShards) {
+  TemporaryDirectory dir;
+  {
+    ShardSeriesWriter writer(dir.path(), "val", 100, /*shard_tokens=*/10);
+    const std::vector<uint32_t> tokens(25, 7);
+    writer.append(tokens);
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"val_000000.bin", "val_000001.bin"}));
+  EXPECT_EQ(ShardReader(dir / "val_000001.bin", 100).num_tokens(), 10);
 }
 
 TEST(Shard, DamagedShardsNameTheFileAndTheProblem) {

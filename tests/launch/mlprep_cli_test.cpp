@@ -1,7 +1,13 @@
 // mlprep as a user runs it: what it prints and how it exits.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <csignal>
+#include <thread>
+
 #include "common/error.h"
+#include "data/shard.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
@@ -12,6 +18,8 @@ using testing::CommandResult;
 CommandResult mlprep(const std::string& arguments) {
   return testing::run_tool("mlprep", arguments);
 }
+
+size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
 
 TEST(MlprepCli, PreparesAFortuneCorpus) {
   testing::TemporaryDirectory dir;
@@ -56,7 +64,85 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
 }
 
-size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+TEST(MlprepCli, ANonEmptyOutputDirectoryExitsTwoAndStaysAsItWas) {
+  testing::TemporaryDirectory dir;
+  std::filesystem::create_directories(dir / "out");
+  testing::write_text(dir / "out" / "train_000000.bin", "an earlier shard");
+  const std::string arguments =
+      "--input /usr/share/games/fortunes/computers --format fortune "
+      "--vocab-size 400 --out " +
+      (dir / "out").string();
+  const CommandResult refused = mlprep(arguments);
+  EXPECT_EQ(refused.exit_code, kExitUserError);
+  EXPECT_EQ(lines(refused.output), 1u) << refused.output;
+  EXPECT_CONTAINS(refused.output, "the directory is not empty");
+  EXPECT_EQ(testing::read_text(dir / "out" / "train_000000.bin"), "an earlier shard");
+  const CommandResult overwritten = mlprep(arguments + " --overwrite");
+  EXPECT_EQ(overwritten.exit_code, 0) << overwritten.output;
+  EXPECT_NE(testing::read_text(dir / "out" / "train_000000.bin"), "an earlier shard");
+}
+
+TEST(MlprepCli, SkippedBadLinesAreCountedInTheSummary) {
+  testing::TemporaryDirectory dir;
+  std::string jsonl;
+  for (int i = 0; i < 300; ++i) jsonl += fmt::format("{{\"text\": \"document {} of many\"}}\n", i);
+  jsonl += "{\"title\": \"no text\"}\n{broken\n";
+  testing::write_text(dir / "in.jsonl", jsonl);
+  const std::string arguments = "--input " + (dir / "in.jsonl").string() +
+                                " --format jsonl --vocab-size 300 --out " + (dir / "out").string();
+  const CommandResult stopped = mlprep(arguments);
+  EXPECT_EQ(stopped.exit_code, kExitUserError);
+  EXPECT_CONTAINS(stopped.output, "in.jsonl:301: expected a JSON object with a \"text\" string");
+  const CommandResult skipped = mlprep(arguments + " --skip-bad-lines --overwrite");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_CONTAINS(skipped.output, "bad lines passed over: 2");
+  EXPECT_CONTAINS(skipped.output, "encoded 300 documents");
+}
+
+// Killed mid-way, mlprep leaves whole shards, each of the full size, and no partial one under a
+// shard's name; a run with --overwrite starts again from there.
+TEST(MlprepCli, AKilledRunLeavesOnlyCompleteShards) {
+  testing::TemporaryDirectory dir;
+  const CommandResult tokenizer = mlprep(
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 "
+      "--out " +
+      (dir / "tokenizer").string());
+  ASSERT_EQ(tokenizer.exit_code, 0) << tokenizer.output;
+  // About 40 MB of text: several seconds of encoding on two threads.
+  std::string text;
+  for (int copy = 0; text.size() < 40'000'000; ++copy)
+    text += fmt::format("Copy {} of a line that the corpus repeats with its number.\n\n", copy);
+  testing::write_text(dir / "big.txt", text);
+  const std::string command = std::string(MLTRAIN_BIN_DIR) + "/mlprep --input " +
+                              (dir / "big.txt").string() + " --tokenizer " +
+                              (dir / "tokenizer" / "tokenizer.model").string() +
+                              " --shard-tokens 100000 --threads 2 --out " + (dir / "out").string();
+  testing::BackgroundProcess run(command, dir / "run.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(dir / "out" / "train_000003.bin") &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  run.signal(SIGKILL);
+  ASSERT_EQ(run.wait(), 128 + SIGKILL) << "the run ended before it was killed";
+  int64_t shards = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "out")) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(".bin")) continue;
+    const ShardReader shard(entry.path(), 400);  // opens only whole, valid shards
+    EXPECT_EQ(shard.num_tokens(), 100000) << name;
+    ++shards;
+  }
+  EXPECT_GE(shards, 4);
+  const CommandResult again =
+      mlprep("--input " + (dir / "big.txt").string() + " --tokenizer " +
+             (dir / "tokenizer" / "tokenizer.model").string() +
+             " --shard-tokens 5000000 --overwrite --out " + (dir / "out").string());
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "out")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "tokenizer.model" || name.ends_with(".bin")) << name << " was left";
+  }
+}
 
 TEST(MlprepCli, UnknownFlagIsOneLineAndExitTwo) {
   const CommandResult run = mlprep("--input x --out y --vocab 400");
@@ -94,8 +180,9 @@ TEST(MlprepCli, HelpListsEveryFlagAndExitsZero) {
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mlprep [OPTIONS]");
   for (const char* flag :
-       {"-h,--help", "--input FILE", "--out DIR", "--format F", "--vocab-size N",
-        "--tokenizer MODEL", "--val-fraction F", "--shard-tokens N", "--threads N", "--seed N"}) {
+       {"-h,--help", "--input PATH", "--out DIR", "--format F", "--text-field NAME",
+        "--skip-bad-lines", "--vocab-size N", "--tokenizer MODEL", "--tokenizer-sample-mb MB",
+        "--val-fraction F", "--shard-tokens N", "--overwrite", "--threads N", "--seed N"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "trains a SentencePiece BPE tokenizer");

@@ -1,0 +1,182 @@
+#include "data/document_reader.h"
+
+#include <glob.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+bool is_blank(const std::string& line) {
+  return line.find_first_not_of(" \t\r") == std::string::npos;
+}
+
+bool is_fortune_separator(const std::string& line) { return line == "%" || line == "%\r"; }
+
+// Some fortune files colour their text with terminal escape sequences (ESC [ ... letter), which
+// are markup for a terminal, not text to learn.
+std::string without_terminal_escapes(const std::string& text) {
+  std::string clean;
+  clean.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
+      i += 2;
+      while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+      continue;
+    }
+    clean += text[i];
+  }
+  return clean;
+}
+
+void append_line(std::string& document, const std::string& line) {
+  if (!document.empty()) document += '\n';
+  document += line;
+}
+
+bool has_glob_characters(const std::string& text) {
+  return text.find_first_of("*?[") != std::string::npos;
+}
+
+}  // namespace
+
+DocumentFormat parse_document_format(const std::string& name) {
+  if (name == "text") return DocumentFormat::kText;
+  if (name == "jsonl") return DocumentFormat::kJsonl;
+  if (name == "fortune") return DocumentFormat::kFortune;
+  throw UserError(fmt::format("--format {}: expected text, jsonl or fortune", name));
+}
+
+DocumentReader::DocumentReader(std::vector<std::filesystem::path> inputs,
+                               DocumentReaderOptions options)
+    : inputs_(std::move(inputs)), options_(std::move(options)) {}
+
+std::optional<std::string> DocumentReader::next() {
+  std::string document;
+  std::string line;
+  while (true) {
+    if (!file_open_ && !open_next_file()) return std::nullopt;
+    if (!next_line(line)) {  // the end of this file ends its last document
+      file_.close();
+      file_open_ = false;
+      if (!document.empty()) return document;
+      continue;
+    }
+    switch (options_.format) {
+      case DocumentFormat::kJsonl:
+        if (std::optional<std::string> record = document_of_jsonl_line(line)) return record;
+        break;
+      case DocumentFormat::kText:
+        if (!is_blank(line)) {
+          append_line(document, line);
+        } else if (!document.empty()) {
+          return document;
+        }
+        break;
+      case DocumentFormat::kFortune:
+        line = without_terminal_escapes(line);
+        if (!is_fortune_separator(line)) {
+          append_line(document, line);
+        } else if (!document.empty()) {
+          return document;
+        }
+        break;
+    }
+  }
+}
+
+bool DocumentReader::open_next_file() {
+  if (next_input_ == inputs_.size()) return false;
+  const std::filesystem::path& path = inputs_[next_input_++];
+  file_.clear();
+  file_.open(path, std::ios::binary);
+  if (!file_ || std::filesystem::is_directory(path)) {
+    throw UserError(fmt::format("{}: cannot read the input file", path.string()));
+  }
+  file_open_ = true;
+  line_number_ = 0;
+  return true;
+}
+
+bool DocumentReader::next_line(std::string& line) {
+  if (!std::getline(file_, line)) {
+    if (file_.bad()) {
+      throw UserError(fmt::format("{}: a read failed after line {}",
+                                  inputs_[next_input_ - 1].string(), line_number_));
+    }
+    return false;
+  }
+  ++line_number_;
+  bytes_read_ += static_cast<int64_t>(line.size()) + 1;
+  return true;
+}
+
+std::optional<std::string> DocumentReader::document_of_jsonl_line(const std::string& line) {
+  if (is_blank(line)) return std::nullopt;
+  try {
+    std::string text = nlohmann::json::parse(line).at(options_.text_field).get<std::string>();
+    if (text.empty()) return std::nullopt;
+    return text;
+  } catch (const nlohmann::json::exception& error) {
+    const std::string where = fmt::format("{}:{}: expected a JSON object with a \"{}\" string ({})",
+                                          inputs_[next_input_ - 1].string(), line_number_,
+                                          options_.text_field, error.what());
+    if (!options_.skip_bad_lines) throw UserError(where + "; --skip-bad-lines passes over them");
+    if (bad_lines_++ == 0)
+      spdlog::warn("{}; passing over it and any others (--skip-bad-lines)", where);
+    return std::nullopt;
+  }
+}
+
+std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,
+                                        const DocumentReaderOptions& options) {
+  DocumentReader reader(inputs, options);
+  std::vector<std::string> documents;
+  while (std::optional<std::string> document = reader.next()) documents.push_back(*document);
+  return documents;
+}
+
+std::vector<std::filesystem::path> list_input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::filesystem::path> files;
+  for (const std::string& input : inputs) {
+    std::vector<std::filesystem::path> found;
+    std::error_code error;
+    if (std::filesystem::is_directory(input, error)) {
+      for (const auto& entry : std::filesystem::recursive_directory_iterator(input)) {
+        if (entry.is_regular_file()) found.push_back(entry.path());
+      }
+      if (found.empty()) throw UserError(fmt::format("--input {}: no files in it", input));
+    } else if (!std::filesystem::exists(input, error) && has_glob_characters(input)) {
+      glob_t matches{};
+      ::glob(input.c_str(), 0, nullptr, &matches);
+      found.assign(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+      ::globfree(&matches);
+      if (found.empty()) throw UserError(fmt::format("--input {}: no file matches it", input));
+    } else {
+      found.emplace_back(input);
+    }
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
+int64_t total_input_bytes(const std::vector<std::filesystem::path>& files) {
+  int64_t total = 0;
+  for (const std::filesystem::path& file : files) {
+    std::error_code error;
+    const auto size = std::filesystem::file_size(file, error);
+    if (!error) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mltrain {
+
+// How input files hold documents.
+enum class DocumentFormat {
+  kText,     // plain text; blank lines separate documents (a file without one is one document)
+  kJsonl,    // one JSON object per line, the document in one string field ("text" by default)
+  kFortune,  // fortune files: a line holding only "%" separates documents; terminal colour
+             // escapes are removed
+};
+
+// "text", "jsonl" or "fortune"; anything else is a UserError.
+DocumentFormat parse_document_format(const std::string& name);
+
+struct DocumentReaderOptions {
+  DocumentFormat format = DocumentFormat::kText;
+  std::string text_field = "text";  // jsonl
+  // A bad jsonl line is counted and passed over instead of ending the run with its file and line.
+  bool skip_bad_lines = false;
+};
+
+// The documents of the input files, one at a time and in order, holding one file's current
+// document in memory at most. Documents never span files; empty ones are dropped. An unreadable
+// file or a bad jsonl line (named by file and line) is a UserError.
+class DocumentReader {
+ public:
+  DocumentReader(std::vector<std::filesystem::path> inputs, DocumentReaderOptions options);
+
+  // The next document; none after the last one.
+  std::optional<std::string> next();
+
+  // Input bytes read so far, and the bad lines passed over (skip_bad_lines).
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t bad_lines() const { return bad_lines_; }
+
+ private:
+  bool next_line(std::string& line);
+  bool open_next_file();
+  std::optional<std::string> document_of_jsonl_line(const std::string& line);
+
+  std::vector<std::filesystem::path> inputs_;
+  DocumentReaderOptions options_;
+  size_t next_input_ = 0;
+  std::ifstream file_;
+  bool file_open_ = false;
+  int64_t line_number_ = 0;
+  int64_t bytes_read_ = 0;
+  int64_t bad_lines_ = 0;
+};
+
+// All the documents of the inputs (DocumentReader), for corpora that fit in memory.
+std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,
+                                        const DocumentReaderOptions& options);
+inline std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,
+                                               DocumentFormat format) {
+  return read_documents(inputs, DocumentReaderOptions{.format = format});
+}
+
+// The files that command-line inputs name, in order: a file as it is, a directory's regular files
+// (recursively, sorted by path), a glob's matches (sorted). A directory without files or a glob
+// without matches is a UserError; a missing file is found when it is read.
+std::vector<std::filesystem::path> list_input_files(const std::vector<std::string>& inputs);
+
+// The input files' total size in bytes, for progress.
+int64_t total_input_bytes(const std::vector<std::filesystem::path>& files);
+
+}  // namespace mltrain

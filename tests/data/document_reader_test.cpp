@@ -1,0 +1,92 @@
+#include "data/document_reader.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::TemporaryDirectory;
+
+TEST(DocumentReader, ReadsTheThreeDocumentFormats) {
+  TemporaryDirectory dir;
+  testing::write_text(dir / "a.txt", "first doc\nline two\n\n\nsecond doc\n");
+  testing::write_text(dir / "b.txt", "a whole file\n");
+  EXPECT_EQ(read_documents({dir / "a.txt", dir / "b.txt"}, DocumentFormat::kText),
+            (std::vector<std::string>{"first doc\nline two", "second doc", "a whole file"}));
+  testing::write_text(dir / "c.jsonl",
+                      "{\"text\": \"one\\ntwo\", \"id\": 1}\n\n{\"text\": \"three\"}\n");
+  EXPECT_EQ(read_documents({dir / "c.jsonl"}, DocumentFormat::kJsonl),
+            (std::vector<std::string>{"one\ntwo", "three"}));
+  testing::write_text(dir / "d", "A fortune.\n%\nAnother,\n  \x1b[33mindented\x1b[m.\n%\n");
+  EXPECT_EQ(read_documents({dir / "d"}, DocumentFormat::kFortune),
+            (std::vector<std::string>{"A fortune.", "Another,\n  indented."}));
+}
+
+TEST(DocumentReader, StreamsOneDocumentAtATimeAndCountsTheBytes) {
+  TemporaryDirectory dir;
+  const std::string text = "one\n\ntwo\nlines\n\nthree";  // no newline at the very end
+  testing::write_text(dir / "a.txt", text);
+  DocumentReader reader({dir / "a.txt"}, {.format = DocumentFormat::kText});
+  EXPECT_EQ(reader.next(), "one");
+  EXPECT_EQ(reader.bytes_read(), 5);  // "one\n\n": the blank line ended the document
+  EXPECT_EQ(reader.next(), "two\nlines");
+  EXPECT_EQ(reader.next(), "three");
+  EXPECT_EQ(reader.next(), std::nullopt);
+  EXPECT_EQ(reader.bytes_read(), static_cast<int64_t>(text.size()) + 1);  // a newline counted
+}
+
+TEST(DocumentReader, TakesTheNamedJsonlFieldAndSkipsBadLinesOnlyWhenAsked) {
+  TemporaryDirectory dir;
+  testing::write_text(dir / "mixed.jsonl",
+                      "{\"body\": \"first\"}\n{\"text\": \"no body\"}\nnot json\n{\"body\": 3}\n"
+                      "{\"body\": \"last\"}\n");
+  DocumentReaderOptions options{.format = DocumentFormat::kJsonl, .text_field = "body"};
+  try {
+    read_documents({dir / "mixed.jsonl"}, options);
+    FAIL() << "a bad line passed";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "mixed.jsonl:2: expected a JSON object with a \"body\" string");
+    EXPECT_CONTAINS(std::string(error.what()), "--skip-bad-lines");
+  }
+  options.skip_bad_lines = true;
+  DocumentReader reader({dir / "mixed.jsonl"}, options);
+  EXPECT_EQ(reader.next(), "first");
+  EXPECT_EQ(reader.next(), "last");
+  EXPECT_EQ(reader.next(), std::nullopt);
+  EXPECT_EQ(reader.bad_lines(), 3);
+}
+
+TEST(DocumentReader, InputsAreFilesDirectoriesAndGlobs) {
+  TemporaryDirectory dir;
+  std::filesystem::create_directories(dir / "corpus" / "part2");
+  for (const char* name :
+       {"corpus/b.txt", "corpus/a.txt", "corpus/part2/c.txt", "x1.txt", "x2.txt", "y.txt"})
+    testing::write_text(dir / name, "text");
+  const std::vector<std::filesystem::path> files = list_input_files(
+      {(dir / "y.txt").string(), (dir / "corpus").string(), (dir / "x?.txt").string()});
+  EXPECT_EQ(files, (std::vector<std::filesystem::path>{
+                       dir / "y.txt", dir / "corpus" / "a.txt", dir / "corpus" / "b.txt",
+                       dir / "corpus" / "part2" / "c.txt", dir / "x1.txt", dir / "x2.txt"}));
+  EXPECT_EQ(total_input_bytes(files), 6 * 4);
+
+  std::filesystem::create_directories(dir / "empty");
+  try {
+    list_input_files({(dir / "empty").string()});
+    FAIL();
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "empty: no files in it");
+  }
+  try {
+    list_input_files({(dir / "z*.txt").string()});
+    FAIL();
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "z*.txt: no file matches it");
+  }
+}
+
+}  // namespace
+}  // namespace mltrain
