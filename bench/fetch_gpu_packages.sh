@@ -22,6 +22,8 @@ packages=(
   # headers, CMake package configs, pkg-config files and the .so links the build links against
   libopenmpi-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libsentencepiece-dev libxxhash-dev
+  # zlib's and libzstd's headers and static archives (data/CMakeLists.txt links the archives)
+  zlib1g-dev libzstd-dev
   # pkg-config, which CMake needs to find SentencePiece
   pkgconf pkgconf-bin libpkgconf3
   # mpirun, its help texts and default MCA parameters
@@ -44,6 +46,7 @@ required=(
   "$multiarch/libsentencepiece.so.0" "$multiarch/libxxhash.so.0" "$multiarch/libgtest.a"
   "$multiarch/openmpi/lib/openmpi3/mca_btl_vader.so" "$multiarch/openmpi/lib/openmpi3/mca_pml_ob1.so"
   "$multiarch/openmpi/lib/openmpi3/mca_pmix_ext3x.so" usr/include/yaml-cpp/yaml.h
+  usr/include/zlib.h usr/include/zstd.h "$multiarch/libz.a" "$multiarch/libzstd.a"
 )
 
 say() { printf '[fetch_gpu_packages] %s\n' "$*"; }
@@ -83,7 +86,7 @@ link_alternatives() {
 
 # Docs, manuals, sources, Java, Fortran, OpenSHMEM and Open MPI's internal headers (mpi.h needs
 # only the C++ bindings'); static archives where a shared library exists (GoogleTest ships only
-# archives).
+# archives; zlib's and libzstd's are what the build links).
 strip_unused() {
   local mpi_include=$root/$multiarch/openmpi/include/openmpi
   rm -rf "$root"/usr/share/{doc,doc-base,man,info,lintian,bug} "$root/usr/src" "$root/$multiarch/fortran"
@@ -94,7 +97,7 @@ strip_unused() {
     -o -name 'mca_spml_*' -o -name 'mca_sshmem_*' -o -name 'mca_memheap_*' -o -name 'mca_scoll_*' \
     -o -name 'mca_atomic_*' -o -name 'shmem*' -o -name 'pshmem*' -o -name 'osh*' -o -name 'mpif*' \) \
     -prune -exec rm -rf {} +
-  find "$root" -name '*.a' ! -name 'libgtest*.a' -delete
+  find "$root" -name '*.a' ! -name 'libgtest*.a' ! -name libz.a ! -name libzstd.a -delete
 }
 
 elf_files() {

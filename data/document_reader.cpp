@@ -63,10 +63,10 @@ std::optional<std::string> DocumentReader::next() {
   std::string document;
   std::string line;
   while (true) {
-    if (!file_open_ && !open_next_file()) return std::nullopt;
+    if (!file_ && !open_next_file()) return std::nullopt;
     if (!next_line(line)) {  // the end of this file ends its last document
-      file_.close();
-      file_open_ = false;
+      finished_files_bytes_ += file_->consumed();
+      file_.reset();
       if (!document.empty()) return document;
       continue;
     }
@@ -95,27 +95,14 @@ std::optional<std::string> DocumentReader::next() {
 
 bool DocumentReader::open_next_file() {
   if (next_input_ == inputs_.size()) return false;
-  const std::filesystem::path& path = inputs_[next_input_++];
-  file_.clear();
-  file_.open(path, std::ios::binary);
-  if (!file_ || std::filesystem::is_directory(path)) {
-    throw UserError(fmt::format("{}: cannot read the input file", path.string()));
-  }
-  file_open_ = true;
+  file_ = std::make_unique<LineReader>(inputs_[next_input_++]);
   line_number_ = 0;
   return true;
 }
 
 bool DocumentReader::next_line(std::string& line) {
-  if (!std::getline(file_, line)) {
-    if (file_.bad()) {
-      throw UserError(fmt::format("{}: a read failed after line {}",
-                                  inputs_[next_input_ - 1].string(), line_number_));
-    }
-    return false;
-  }
+  if (!file_->next(line)) return false;
   ++line_number_;
-  bytes_read_ += static_cast<int64_t>(line.size()) + 1;
   return true;
 }
 

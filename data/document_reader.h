@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "data/line_reader.h"
 
 namespace mltrain {
 
@@ -28,8 +30,9 @@ struct DocumentReaderOptions {
 };
 
 // The documents of the input files, one at a time and in order, holding one file's current
-// document in memory at most. Documents never span files; empty ones are dropped. An unreadable
-// file or a bad jsonl line (named by file and line) is a UserError.
+// document in memory at most. A file may be gzip or zstd compressed (LineReader). Documents never
+// span files; empty ones are dropped. An unreadable file, damaged compressed data or a bad jsonl
+// line (named by file and line) is a UserError.
 class DocumentReader {
  public:
   DocumentReader(std::vector<std::filesystem::path> inputs, DocumentReaderOptions options);
@@ -37,8 +40,9 @@ class DocumentReader {
   // The next document; none after the last one.
   std::optional<std::string> next();
 
-  // Input bytes read so far, and the bad lines passed over (skip_bad_lines).
-  int64_t bytes_read() const { return bytes_read_; }
+  // Bytes of the input files read so far (compressed, where they are), and the bad lines passed
+  // over (skip_bad_lines).
+  int64_t bytes_read() const { return finished_files_bytes_ + (file_ ? file_->consumed() : 0); }
   int64_t bad_lines() const { return bad_lines_; }
 
  private:
@@ -49,10 +53,9 @@ class DocumentReader {
   std::vector<std::filesystem::path> inputs_;
   DocumentReaderOptions options_;
   size_t next_input_ = 0;
-  std::ifstream file_;
-  bool file_open_ = false;
+  std::unique_ptr<LineReader> file_;  // the file being read, if any
   int64_t line_number_ = 0;
-  int64_t bytes_read_ = 0;
+  int64_t finished_files_bytes_ = 0;
   int64_t bad_lines_ = 0;
 };
 

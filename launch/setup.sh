@@ -18,6 +18,8 @@ debian_packages=(
   # libraries
   libopenmpi-dev openmpi-bin libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece nlohmann-json3-dev libxxhash-dev libcli11-dev
+  # mlprep's compressed inputs, and the command-line tools its tests compress with
+  zlib1g-dev libzstd-dev gzip zstd
   # the Python that hosts the torch wheel
   python3 python3-venv
   # real text for the bundled demo corpus and the data tests: English and Chinese fortunes

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "data/shard.h"
@@ -239,6 +240,33 @@ TEST(CorpusPrep, ANonEmptyOutputDirectoryIsRefusedUnlessOverwriting) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000099.bin"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
   EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
+}
+
+TEST(CorpusPrep, CompressedInputsGiveTheShardsOfThePlainOnes) {
+  TemporaryDirectory dir;
+  std::string jsonl;
+  for (const std::string& document : read_documents(kFortunes, DocumentFormat::kFortune))
+    jsonl += nlohmann::json{{"text", document}}.dump() + "\n";
+  testing::write_text(dir / "corpus.jsonl", jsonl);
+  for (const char* tool : {"gzip", "zstd"}) {
+    const auto result = testing::run_command(
+        fmt::format("{0} -c {1}/corpus.jsonl > {1}/corpus.jsonl.{0}", tool, dir.path().string()));
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  CorpusPrepOptions plain = fortune_options(dir / "plain", 2);
+  plain.inputs = {dir / "corpus.jsonl"};
+  plain.reader.format = DocumentFormat::kJsonl;
+  prepare_corpus(plain);
+  const auto expected = shard_bytes(dir / "plain");
+  ASSERT_FALSE(expected.empty());
+  for (const char* tool : {"gzip", "zstd"}) {
+    CorpusPrepOptions compressed = plain;
+    compressed.inputs = {dir / (std::string("corpus.jsonl.") + tool)};
+    compressed.out_dir = dir / tool;
+    compressed.tokenizer = dir / "plain" / "tokenizer.model";
+    prepare_corpus(compressed);
+    EXPECT_EQ(shard_bytes(dir / tool), expected) << tool;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,203 @@
+#include "data/line_reader.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+// A file's first bytes, as the compressors write them.
+constexpr std::array<unsigned char, 2> kGzipMagic = {0x1f, 0x8b};
+constexpr std::array<unsigned char, 4> kZstdMagic = {0x28, 0xb5, 0x2f, 0xfd};
+
+// The first read fills this much; a longer line grows the buffer.
+constexpr size_t kBufferBytes = size_t{1} << 20;
+
+UserError unreadable(const std::filesystem::path& path) {
+  return UserError(fmt::format("{}: cannot read the input file", path.string()));
+}
+
+// fopen's file, closed on destruction.
+struct File {
+  explicit File(const std::filesystem::path& path) : handle(std::fopen(path.c_str(), "rb")) {
+    if (handle == nullptr || std::filesystem::is_directory(path)) {
+      if (handle != nullptr) std::fclose(handle);
+      throw unreadable(path);
+    }
+  }
+  ~File() { std::fclose(handle); }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // Up to `size` bytes; fewer only at the end of the file.
+  size_t read(void* out, size_t size, const std::filesystem::path& path) {
+    const size_t count = std::fread(out, 1, size, handle);
+    if (count < size && std::ferror(handle)) {
+      throw UserError(fmt::format("{}: a read failed: {}", path.string(), std::strerror(errno)));
+    }
+    return count;
+  }
+
+  FILE* handle;
+};
+
+Compression detect(const std::filesystem::path& path) {
+  File file(path);
+  std::array<unsigned char, 4> start{};
+  const size_t count = file.read(start.data(), start.size(), path);
+  if (count >= kGzipMagic.size() && std::memcmp(start.data(), kGzipMagic.data(), 2) == 0)
+    return Compression::gzip;
+  if (count >= kZstdMagic.size() && std::memcmp(start.data(), kZstdMagic.data(), 4) == 0)
+    return Compression::zstd;
+  return Compression::none;
+}
+
+class PlainSource final : public ByteSource {
+ public:
+  explicit PlainSource(const std::filesystem::path& path) : path_(path), file_(path) {}
+  size_t read(char* out, size_t size) override {
+    const size_t count = file_.read(out, size, path_);
+    consumed_ += static_cast<int64_t>(count);
+    return count;
+  }
+  int64_t consumed() const override { return consumed_; }
+
+ private:
+  std::filesystem::path path_;
+  File file_;
+  int64_t consumed_ = 0;
+};
+
+// zlib's gz* functions: concatenated gzip members read as one stream.
+class GzipSource final : public ByteSource {
+ public:
+  explicit GzipSource(const std::filesystem::path& path)
+      : path_(path), file_(gzopen(path.c_str(), "rb")) {
+    if (file_ == nullptr) throw unreadable(path);
+    gzbuffer(file_, kReadBytes);
+  }
+  ~GzipSource() override { gzclose(file_); }
+  GzipSource(const GzipSource&) = delete;
+  GzipSource& operator=(const GzipSource&) = delete;
+
+  size_t read(char* out, size_t size) override {
+    const int count = gzread(file_, out, static_cast<unsigned>(std::min<size_t>(size, kReadBytes)));
+    int error = Z_OK;
+    const char* message = gzerror(file_, &error);
+    // A truncated file reads to its end and then reports Z_BUF_ERROR.
+    if (count < 0 || (error != Z_OK && error != Z_STREAM_END)) {
+      throw UserError(fmt::format("{}: damaged gzip data after {} bytes: {}", path_.string(),
+                                  consumed(), message));
+    }
+    return static_cast<size_t>(count);
+  }
+  int64_t consumed() const override { return gzoffset(file_); }
+
+ private:
+  static constexpr unsigned kReadBytes = 1u << 20;
+  std::filesystem::path path_;
+  gzFile file_;
+};
+
+// libzstd's streaming decompression; consecutive frames read as one stream.
+class ZstdSource final : public ByteSource {
+ public:
+  explicit ZstdSource(const std::filesystem::path& path)
+      : path_(path), file_(path), context_(ZSTD_createDCtx()), input_(ZSTD_DStreamInSize()) {}
+  ~ZstdSource() override { ZSTD_freeDCtx(context_); }
+  ZstdSource(const ZstdSource&) = delete;
+  ZstdSource& operator=(const ZstdSource&) = delete;
+
+  size_t read(char* out, size_t size) override {
+    ZSTD_outBuffer output{out, size, 0};
+    while (output.pos == 0) {
+      if (in_.pos == in_.size) {
+        in_ = {input_.data(), file_.read(input_.data(), input_.size(), path_), 0};
+        consumed_ += static_cast<int64_t>(in_.size);
+        if (in_.size == 0) {
+          // The end of the file: it must also be the end of a frame.
+          if (frame_left_ != 0) throw damaged("the data ends inside a frame");
+          return 0;
+        }
+      }
+      frame_left_ = ZSTD_decompressStream(context_, &output, &in_);
+      if (ZSTD_isError(frame_left_)) throw damaged(ZSTD_getErrorName(frame_left_));
+    }
+    return output.pos;
+  }
+  int64_t consumed() const override { return consumed_; }
+
+ private:
+  UserError damaged(const std::string& why) const {
+    return UserError(
+        fmt::format("{}: damaged zstd data after {} bytes: {}", path_.string(), consumed_, why));
+  }
+
+  std::filesystem::path path_;
+  File file_;
+  ZSTD_DCtx* context_;
+  std::vector<char> input_;
+  ZSTD_inBuffer in_{nullptr, 0, 0};
+  size_t frame_left_ = 0;  // ZSTD_decompressStream's last hint: 0 at the end of a frame
+  int64_t consumed_ = 0;
+};
+
+}  // namespace
+
+LineReader::LineReader(const std::filesystem::path& path)
+    : compression_(detect(path)), buffer_(kBufferBytes) {
+  switch (compression_) {
+    case Compression::none:
+      source_ = std::make_unique<PlainSource>(path);
+      break;
+    case Compression::gzip:
+      source_ = std::make_unique<GzipSource>(path);
+      break;
+    case Compression::zstd:
+      source_ = std::make_unique<ZstdSource>(path);
+      break;
+  }
+}
+
+LineReader::~LineReader() = default;
+
+bool LineReader::next(std::string& line) {
+  while (true) {
+    const char* start = buffer_.data() + begin_;
+    const void* newline = std::memchr(start, '\n', end_ - begin_);
+    if (newline != nullptr) {
+      const size_t length = static_cast<const char*>(newline) - start;
+      line.assign(start, length);
+      begin_ += length + 1;
+      return true;
+    }
+    if (at_end_) {
+      if (begin_ == end_) return false;
+      line.assign(start, end_ - begin_);
+      begin_ = end_;
+      return true;
+    }
+    refill();
+  }
+}
+
+void LineReader::refill() {
+  std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+  end_ -= begin_;
+  begin_ = 0;
+  if (end_ == buffer_.size()) buffer_.resize(2 * buffer_.size());  // a line longer than the buffer
+  const size_t count = source_->read(buffer_.data() + end_, buffer_.size() - end_);
+  end_ += count;
+  at_end_ = count == 0;
+}
+
+}  // namespace mltrain
