@@ -2,11 +2,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <csignal>
 #include <thread>
 
 #include "common/error.h"
+#include "data/document_reader.h"
 #include "data/shard.h"
 #include "tests/support/test_support.h"
 
@@ -97,6 +100,43 @@ TEST(MlprepCli, SkippedBadLinesAreCountedInTheSummary) {
   EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
   EXPECT_CONTAINS(skipped.output, "bad lines passed over: 2");
   EXPECT_CONTAINS(skipped.output, "encoded 300 documents");
+}
+
+// The token ids are Python sentencepiece's for the same model and documents:
+// bench/reference_prep.py (llm.c's way of preparing a corpus) writes the same shard bytes as mlprep
+// without a validation split, for English and Chinese text, across shards, from a zstd-compressed
+// input.
+TEST(MlprepCli, TokenIdsArePythonSentencePiecesAndShardsLlmcs) {
+  testing::TemporaryDirectory dir;
+  std::string jsonl;
+  for (const std::string& document :
+       read_documents({"/usr/share/games/fortunes/computers", "/usr/share/games/fortunes/tang300"},
+                      DocumentFormat::kFortune))
+    jsonl += nlohmann::json{{"text", document}}.dump() + "\n";
+  testing::write_text(dir / "corpus.jsonl", jsonl);
+  const auto compressed = testing::run_command(
+      fmt::format("zstd -q -c {0}/corpus.jsonl > {0}/corpus.jsonl.zst", dir.path().string()));
+  ASSERT_EQ(compressed.exit_code, 0) << compressed.output;
+  const std::string input = (dir / "corpus.jsonl.zst").string();
+  const CommandResult ours = mlprep("--input " + input +
+                                    " --format jsonl --vocab-size 1500 --val-fraction 0 "
+                                    "--shard-tokens 30000 --threads 2 --out " +
+                                    (dir / "mlprep").string());
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  const CommandResult reference = testing::run_command(fmt::format(
+      "{} {}/bench/reference_prep.py --input {} --tokenizer {} --shard-tokens 30000 --threads 2 "
+      "--out {}",
+      MLTRAIN_PYTHON, MLTRAIN_SOURCE_DIR, input, (dir / "mlprep" / "tokenizer.model").string(),
+      (dir / "reference").string()));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  int64_t shards = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "reference")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(testing::read_text(dir / "mlprep" / name), testing::read_text(entry.path())) << name;
+    ++shards;
+  }
+  EXPECT_GE(shards, 3);
+  EXPECT_FALSE(std::filesystem::exists(dir / "mlprep" / fmt::format("train_{:06d}.bin", shards)));
 }
 
 // Killed mid-way, mlprep leaves whole shards, each of the full size, and no partial one under a
