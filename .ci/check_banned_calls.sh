@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # pattern (extended regex) | why, and what to use
 banned=(
-  'std::filesystem::remove_all|libtorch.so exports a copy that segfaults where the system libstdc++ lacks what it calls weakly (common/file_tree.h): use remove_tree'
+  '\bremove_all[[:space:]]*\(|libtorch.so exports a copy that segfaults where the system libstdc++ lacks what it calls weakly (common/file_tree.h): use remove_tree'
 )
 
 mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' \

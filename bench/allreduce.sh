@@ -3,7 +3,7 @@
 # of one thread each (mpirun, the gradients all-reduced over MPI), at the same global batch, with
 # the all-reduce overlapped with backward (dist.overlap=true) and after it (false). The R ranks
 # split the global batch: each takes micro_batch / R sequences, or grad_accum / R micro-steps where
-# the micro-batch does not divide. The three configurations run in turn, repetition after
+# the micro-batch does not divide. The configurations run in turn, repetition after
 # repetition; each run's figure is the median tokens/s (mltrain logs the global rate) of its steps
 # after the warm-up, and the markdown table on stdout gives the median over repetitions, the spread,
 # the step time and the ratio to one rank (the target: 0.95 or more). A fourth configuration, one
@@ -100,8 +100,8 @@ declare -A spec=([one]="1 $ranks $micro_batch $grad_accum true"
   [share]="1 1 ${rank_batch[*]} false")
 declare -A rates step_ms
 echo "[allreduce] $model model, $tokens_per_step tokens per step: 1 rank x $ranks threads against" \
-  "$ranks ranks x 1 thread, overlap on and off; $steps timed steps after $warmup," \
-  "$reps repetitions; log: $log" >&2
+  "$ranks ranks x 1 thread, overlap on and off, and one rank's share alone; $steps timed steps" \
+  "after $warmup, $reps repetitions; log: $log" >&2
 for ((rep = 1; rep <= reps; ++rep)); do
   for config in "${configs[@]}"; do
     echo "=== $config (ranks threads micro_batch grad_accum overlap: ${spec[$config]})," \

@@ -101,7 +101,7 @@ for mb in $sizes; do
     "$bin_dir/mlprep" --input "$corpus" --format jsonl --vocab-size 4096 --tokenizer-sample-mb 50 \
       --out "$work/tokenizer" >>"$log" 2>&1
   fi
-  bytes=$(stat -c %s "$corpus")
+  [[ $mb == "$largest" ]] && bytes=$(stat -c %s "$corpus")
   for compression in $compressions; do
     input=$corpus
     [[ $compression != none ]] && input=$corpus.$compression

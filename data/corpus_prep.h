@@ -15,8 +15,8 @@ struct CorpusPrepOptions {
   std::filesystem::path out_dir;
   DocumentReaderOptions reader;
   int64_t vocab_size = 4096;
-  std::filesystem::path tokenizer;  // an existing model to use; empty: train one
-  int64_t tokenizer_sample_mb = 100;
+  std::filesystem::path tokenizer;    // an existing model to use; empty: train one
+  int64_t tokenizer_sample_mb = 100;  // of 10^6 bytes
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   int threads = 1;
@@ -38,19 +38,14 @@ struct CorpusPrepReport {
 
 // Streams the documents of the inputs through `threads` encoders into out_dir/train_000000.bin...
 // and val_000000.bin... (each document followed by the end-of-document token), training
-// out_dir/tokenizer.model first on a sample unless one is given. Memory stays bounded whatever
-// the corpus's size, the shards are the same bytes for any number of threads, and each appears
-// whole or not at all. A non-empty out_dir is a UserError unless options.overwrite.
+// out_dir/tokenizer.model first on a sample (tokenizer_sample.h) unless one is given. Memory stays
+// bounded whatever the corpus's size, the shards are the same bytes for any number of threads, and
+// each appears whole or not at all. A non-empty out_dir is a UserError unless options.overwrite
+// (corpus_output.h).
 CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options);
 
 // Whether a document belongs to the validation split: a seeded hash of its text below
 // `fraction`, so that the split holds whatever order or files the documents come in.
 bool is_validation_document(std::string_view text, uint64_t seed, double fraction);
-
-// The tokenizer's training text: the documents of the lowest seeded hashes that fit in
-// `max_bytes`, a sample of the whole corpus that neither its order nor its size changes.
-std::vector<std::string> tokenizer_sample(const std::vector<std::filesystem::path>& inputs,
-                                          const DocumentReaderOptions& reader, int64_t max_bytes,
-                                          uint64_t seed);
 
 }  // namespace mltrain

@@ -131,25 +131,52 @@ std::vector<std::string> read_documents(const std::vector<std::filesystem::path>
   return documents;
 }
 
+namespace {
+
+// A path's files into `found`: the path itself, or a directory's regular files below it, hidden
+// ones (".git/...") left out.
+void add_files(const std::filesystem::path& path, const std::string& input,
+               std::vector<std::filesystem::path>& found) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(path, error)) {
+    found.push_back(path);
+    return;
+  }
+  std::filesystem::recursive_directory_iterator entries(path, error);
+  for (; !error && entries != std::filesystem::recursive_directory_iterator();
+       entries.increment(error)) {
+    if (entries->path().filename().string().starts_with(".")) {
+      if (entries->is_directory()) entries.disable_recursion_pending();
+      continue;
+    }
+    if (entries->is_regular_file()) found.push_back(entries->path());
+  }
+  if (error) {
+    throw UserError(
+        fmt::format("--input {}: cannot list {}: {}", input, path.string(), error.message()));
+  }
+}
+
+}  // namespace
+
 std::vector<std::filesystem::path> list_input_files(const std::vector<std::string>& inputs) {
   std::vector<std::filesystem::path> files;
   for (const std::string& input : inputs) {
     std::vector<std::filesystem::path> found;
     std::error_code error;
-    if (std::filesystem::is_directory(input, error)) {
-      for (const auto& entry : std::filesystem::recursive_directory_iterator(input)) {
-        if (entry.is_regular_file()) found.push_back(entry.path());
-      }
-      if (found.empty()) throw UserError(fmt::format("--input {}: no files in it", input));
-    } else if (!std::filesystem::exists(input, error) && has_glob_characters(input)) {
+    if (!std::filesystem::exists(input, error) && has_glob_characters(input)) {
       glob_t matches{};
-      ::glob(input.c_str(), 0, nullptr, &matches);
-      found.assign(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+      const int result = ::glob(input.c_str(), 0, nullptr, &matches);
+      const std::vector<std::string> paths(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
       ::globfree(&matches);
-      if (found.empty()) throw UserError(fmt::format("--input {}: no file matches it", input));
+      if (result != 0 && result != GLOB_NOMATCH)
+        throw UserError(fmt::format("--input {}: the glob could not be read", input));
+      for (const std::string& path : paths) add_files(path, input, found);
     } else {
-      found.emplace_back(input);
+      add_files(input, input, found);
     }
+    if (found.empty())
+      throw UserError(fmt::format("--input {}: no files in it or matching it", input));
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());
   }

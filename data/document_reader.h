@@ -68,8 +68,9 @@ inline std::vector<std::string> read_documents(const std::vector<std::filesystem
 }
 
 // The files that command-line inputs name, in order: a file as it is, a directory's regular files
-// (recursively, sorted by path), a glob's matches (sorted). A directory without files or a glob
-// without matches is a UserError; a missing file is found when it is read.
+// (recursively, sorted by path, hidden ones left out), a glob's matches (sorted; a matching
+// directory gives its files). An input that gives no file is a UserError; a missing file is found
+// when it is read.
 std::vector<std::filesystem::path> list_input_files(const std::vector<std::string>& inputs);
 
 // The input files' total size in bytes, for progress.

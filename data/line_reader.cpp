@@ -1,5 +1,8 @@
 #include "data/line_reader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -7,8 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "common/error.h"
 
@@ -23,42 +26,54 @@ constexpr std::array<unsigned char, 4> kZstdMagic = {0x28, 0xb5, 0x2f, 0xfd};
 constexpr size_t kBufferBytes = size_t{1} << 20;
 
 UserError unreadable(const std::filesystem::path& path) {
-  return UserError(fmt::format("{}: cannot read the input file", path.string()));
+  return UserError(
+      fmt::format("{}: cannot read the input file: {}", path.string(), std::strerror(errno)));
 }
 
-// fopen's file, closed on destruction.
+// A file open for reading, closed on destruction. read() returns what is there, as a pipe gives
+// it, without waiting to fill the buffer.
 struct File {
-  explicit File(const std::filesystem::path& path) : handle(std::fopen(path.c_str(), "rb")) {
-    if (handle == nullptr || std::filesystem::is_directory(path)) {
-      if (handle != nullptr) std::fclose(handle);
-      throw unreadable(path);
+  explicit File(const std::filesystem::path& path)
+      : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd < 0) throw unreadable(path);
+    if (std::filesystem::is_directory(path)) {
+      ::close(fd);
+      throw UserError(fmt::format("{}: cannot read the input file: a directory", path.string()));
     }
   }
-  ~File() { std::fclose(handle); }
+  ~File() { ::close(fd); }
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
-  // Up to `size` bytes; fewer only at the end of the file.
+  // Up to `size` bytes; 0 only at the end of the file.
   size_t read(void* out, size_t size, const std::filesystem::path& path) {
-    const size_t count = std::fread(out, 1, size, handle);
-    if (count < size && std::ferror(handle)) {
-      throw UserError(fmt::format("{}: a read failed: {}", path.string(), std::strerror(errno)));
+    while (true) {
+      const ssize_t count = ::read(fd, out, size);
+      if (count >= 0) return static_cast<size_t>(count);
+      if (errno != EINTR)
+        throw UserError(fmt::format("{}: a read failed: {}", path.string(), std::strerror(errno)));
     }
-    return count;
   }
 
-  FILE* handle;
+  int fd;
 };
 
+// Peeking reopens the file, which only a regular file allows: a pipe would lose its first bytes,
+// so it is read as it comes, uncompressed.
 Compression detect(const std::filesystem::path& path) {
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error))
+    return Compression::kNone;
   File file(path);
   std::array<unsigned char, 4> start{};
-  const size_t count = file.read(start.data(), start.size(), path);
+  size_t count = 0;
+  for (size_t got = 1; count < start.size() && got > 0; count += got)
+    got = file.read(start.data() + count, start.size() - count, path);
   if (count >= kGzipMagic.size() && std::memcmp(start.data(), kGzipMagic.data(), 2) == 0)
-    return Compression::gzip;
+    return Compression::kGzip;
   if (count >= kZstdMagic.size() && std::memcmp(start.data(), kZstdMagic.data(), 4) == 0)
-    return Compression::zstd;
-  return Compression::none;
+    return Compression::kZstd;
+  return Compression::kNone;
 }
 
 class PlainSource final : public ByteSource {
@@ -156,13 +171,13 @@ class ZstdSource final : public ByteSource {
 LineReader::LineReader(const std::filesystem::path& path)
     : compression_(detect(path)), buffer_(kBufferBytes) {
   switch (compression_) {
-    case Compression::none:
+    case Compression::kNone:
       source_ = std::make_unique<PlainSource>(path);
       break;
-    case Compression::gzip:
+    case Compression::kGzip:
       source_ = std::make_unique<GzipSource>(path);
       break;
-    case Compression::zstd:
+    case Compression::kZstd:
       source_ = std::make_unique<ZstdSource>(path);
       break;
   }
@@ -173,17 +188,19 @@ LineReader::~LineReader() = default;
 bool LineReader::next(std::string& line) {
   while (true) {
     const char* start = buffer_.data() + begin_;
-    const void* newline = std::memchr(start, '\n', end_ - begin_);
+    const void* newline = std::memchr(buffer_.data() + scanned_, '\n', end_ - scanned_);
     if (newline != nullptr) {
       const size_t length = static_cast<const char*>(newline) - start;
       line.assign(start, length);
       begin_ += length + 1;
+      scanned_ = begin_;
       return true;
     }
+    scanned_ = end_;
     if (at_end_) {
       if (begin_ == end_) return false;
       line.assign(start, end_ - begin_);
-      begin_ = end_;
+      begin_ = scanned_ = end_;
       return true;
     }
     refill();
@@ -193,6 +210,7 @@ bool LineReader::next(std::string& line) {
 void LineReader::refill() {
   std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
   end_ -= begin_;
+  scanned_ -= begin_;
   begin_ = 0;
   if (end_ == buffer_.size()) buffer_.resize(2 * buffer_.size());  // a line longer than the buffer
   const size_t count = source_->read(buffer_.data() + end_, buffer_.size() - end_);

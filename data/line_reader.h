@@ -18,11 +18,12 @@ class ByteSource {
   virtual int64_t consumed() const = 0;
 };
 
-enum class Compression { none, gzip, zstd };
+enum class Compression { kNone, kGzip, kZstd };
 
 // The lines of a file, compressed with gzip or zstd or not at all, as its first bytes tell, not
-// its name. Lines end at '\n', which is not part of them; the last line may lack one. A line may
-// be of any length. An unreadable file or damaged compressed data is a UserError naming the file.
+// its name (a pipe is read uncompressed). Lines end at '\n', which is not part of them; the last
+// line may lack one. A line may be of any length. An unreadable file or damaged compressed data is
+// a UserError naming the file.
 class LineReader {
  public:
   explicit LineReader(const std::filesystem::path& path);
@@ -38,11 +39,12 @@ class LineReader {
  private:
   void refill();
 
-  Compression compression_ = Compression::none;
+  Compression compression_ = Compression::kNone;
   std::unique_ptr<ByteSource> source_;
   std::vector<char> buffer_;
   size_t begin_ = 0;  // the unread bytes are buffer_[begin_, end_)
   size_t end_ = 0;
+  size_t scanned_ = 0;  // buffer_[begin_, scanned_) holds no newline: a long line is scanned once
   bool at_end_ = false;
 };
 

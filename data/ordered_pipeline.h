@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,12 +20,15 @@ namespace mltrain {
 // the result does not depend on the number of workers. At most `max_in_flight` items exist at a
 // time, made and not yet consumed: memory stays bounded however many items there are. produce
 // returns none at the end. The first exception of any of the three stops the others and is
-// rethrown here once every thread has ended.
+// rethrown here once every thread has ended. Fewer than one worker or item in flight is an
+// std::invalid_argument.
 template <class Item>
 void run_ordered_pipeline(const std::function<std::optional<Item>()>& produce,
                           const std::function<void(Item&)>& transform,
                           const std::function<void(Item&)>& consume, int workers,
                           int max_in_flight) {
+  if (workers < 1 || max_in_flight < 1)
+    throw std::invalid_argument("an ordered pipeline needs a worker and room for an item");
   std::mutex mutex;
   std::condition_variable changed;
   std::deque<std::pair<int64_t, Item>> made;  // waiting for a worker
@@ -42,7 +46,10 @@ void run_ordered_pipeline(const std::function<std::optional<Item>()>& produce,
     changed.notify_all();
   };
 
-  std::thread producer([&] {
+  // Threads are started inside the try below: one that cannot start stops those that did.
+  std::thread producer;
+  std::vector<std::thread> pool;
+  const auto run_producer = [&] {
     try {
       while (true) {
         {
@@ -64,31 +71,29 @@ void run_ordered_pipeline(const std::function<std::optional<Item>()>& produce,
     } catch (...) {
       fail();
     }
-  });
-
-  std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w) {
-    pool.emplace_back([&] {
-      try {
-        while (true) {
-          std::unique_lock lock(mutex);
-          changed.wait(lock, [&] { return stopping || !made.empty() || all_made; });
-          if (stopping || made.empty()) return;  // stopped, or everything made is taken
-          auto [index, item] = std::move(made.front());
-          made.pop_front();
-          lock.unlock();
-          transform(item);
-          lock.lock();
-          transformed.emplace(index, std::move(item));
-          changed.notify_all();
-        }
-      } catch (...) {
-        fail();
+  };
+  const auto run_worker = [&] {
+    try {
+      while (true) {
+        std::unique_lock lock(mutex);
+        changed.wait(lock, [&] { return stopping || !made.empty() || all_made; });
+        if (stopping || made.empty()) return;  // stopped, or everything made is taken
+        auto [index, item] = std::move(made.front());
+        made.pop_front();
+        lock.unlock();
+        transform(item);
+        lock.lock();
+        transformed.emplace(index, std::move(item));
+        changed.notify_all();
       }
-    });
-  }
+    } catch (...) {
+      fail();
+    }
+  };
 
   try {
+    producer = std::thread(run_producer);
+    for (int w = 0; w < workers; ++w) pool.emplace_back(run_worker);
     for (int64_t next = 0;; ++next) {
       std::unique_lock lock(mutex);
       changed.wait(lock, [&] {
@@ -110,7 +115,7 @@ void run_ordered_pipeline(const std::function<std::optional<Item>()>& produce,
     stopping = true;
     changed.notify_all();
   }
-  producer.join();
+  if (producer.joinable()) producer.join();
   for (std::thread& thread : pool) thread.join();
   if (error) std::rethrow_exception(error);
 }

@@ -13,6 +13,7 @@
 #include "data/shard.h"
 #include "data/token_windows.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_sample.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
@@ -230,16 +231,48 @@ TEST(CorpusPrep, ANonEmptyOutputDirectoryIsRefusedUnlessOverwriting) {
     EXPECT_CONTAINS(std::string(error.what()), "--overwrite");
   }
   EXPECT_EQ(std::filesystem::directory_iterator(dir / "out")->path().filename(), "notes.txt");
-  EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
 
-  // Overwriting replaces what mlprep wrote, a shard the new run has no use for too, and nothing
-  // else.
+  // Overwriting replaces mlprep's files, a shard the new run has no use for and a temporary left
+  // by a killed run too, and nothing else, whatever its name. The tokenizer given is read first.
+  prepare_corpus(fortune_options(dir / "first", 2));
+  std::filesystem::copy_file(dir / "first" / "tokenizer.model", dir / "out" / "tokenizer.model");
   testing::write_text(dir / "out" / "train_000099.bin", "an old shard");
+  testing::write_text(dir / "out" / "val_000000.bin.tmp.123", "a killed run's");
+  testing::write_text(dir / "out" / "corpus.tmp.1.jsonl", "mine");
+  std::filesystem::create_directories(dir / "out" / "train_000098.bin");
+  testing::write_text(dir / "out" / "train_000098.bin" / "inside", "mine");
   options.overwrite = true;
+  options.tokenizer = dir / "out" / "tokenizer.model";
   prepare_corpus(options);
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000099.bin"));
-  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "val_000000.bin.tmp.123"));
+  EXPECT_EQ(shard_bytes(dir / "out").count("train_000000.bin"), 1u);
+  EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"),
+            testing::read_text(dir / "first" / "tokenizer.model"));
   EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
+  EXPECT_EQ(testing::read_text(dir / "out" / "corpus.tmp.1.jsonl"), "mine");
+  EXPECT_EQ(testing::read_text(dir / "out" / "train_000098.bin" / "inside"), "mine");
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+}
+
+// A run with --overwrite that fails keeps the earlier corpus as it was, and no staging behind.
+TEST(CorpusPrep, AFailedOverwriteLeavesTheEarlierCorpus) {
+  TemporaryDirectory dir;
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  prepare_corpus(options);
+  const auto earlier = shard_bytes(dir / "out");
+  const std::string earlier_tokenizer = testing::read_text(dir / "out" / "tokenizer.model");
+  testing::write_text(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"body\": \"not text\"}\n");
+  options.inputs = {dir / "bad.jsonl"};
+  options.reader.format = DocumentFormat::kJsonl;
+  options.tokenizer = dir / "out" / "tokenizer.model";
+  options.overwrite = true;
+  EXPECT_THROW(prepare_corpus(options), UserError);
+  EXPECT_EQ(shard_bytes(dir / "out"), earlier);
+  EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"), earlier_tokenizer);
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
 }
 
 TEST(CorpusPrep, CompressedInputsGiveTheShardsOfThePlainOnes) {

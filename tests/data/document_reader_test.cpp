@@ -1,6 +1,12 @@
 #include "data/document_reader.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <thread>
 
 #include "common/error.h"
 #include "tests/support/test_support.h"
@@ -32,12 +38,37 @@ TEST(DocumentReader, StreamsOneDocumentAtATimeAndCountsTheFilesBytes) {
   testing::write_text(dir / "b.txt", "four");
   DocumentReader reader({dir / "a.txt", dir / "b.txt"}, {.format = DocumentFormat::kText});
   EXPECT_EQ(reader.next(), "one");
-  EXPECT_LE(reader.bytes_read(), static_cast<int64_t>(text.size()));
   EXPECT_EQ(reader.next(), "two\nlines");
   EXPECT_EQ(reader.next(), "three");
   EXPECT_EQ(reader.next(), "four");
   EXPECT_EQ(reader.next(), std::nullopt);
   EXPECT_EQ(reader.bytes_read(), static_cast<int64_t>(text.size()) + 4);
+}
+
+// A document is handed out as soon as it is read, not once the input is: through a pipe whose
+// writer waits for the first document to arrive before it writes the second.
+TEST(DocumentReader, HandsOutADocumentBeforeTheRestOfTheInputExists) {
+  TemporaryDirectory dir;
+  const auto pipe = dir / "pipe";
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
+  std::atomic<bool> first_arrived{false};
+  std::atomic<bool> waited_in_vain{false};
+  std::thread writer([&] {
+    std::ofstream out(pipe);
+    out << "first document\n\n" << std::flush;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!first_arrived && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    waited_in_vain = !first_arrived;
+    out << "second document\n";
+  });
+  DocumentReader reader({pipe}, {.format = DocumentFormat::kText});
+  EXPECT_EQ(reader.next(), "first document");
+  first_arrived = true;
+  EXPECT_EQ(reader.next(), "second document");
+  EXPECT_EQ(reader.next(), std::nullopt);
+  writer.join();
+  EXPECT_FALSE(waited_in_vain) << "the first document came only once the input had ended";
 }
 
 TEST(DocumentReader, TakesTheNamedJsonlFieldAndSkipsBadLinesOnlyWhenAsked) {
@@ -65,8 +96,9 @@ TEST(DocumentReader, TakesTheNamedJsonlFieldAndSkipsBadLinesOnlyWhenAsked) {
 TEST(DocumentReader, InputsAreFilesDirectoriesAndGlobs) {
   TemporaryDirectory dir;
   std::filesystem::create_directories(dir / "corpus" / "part2");
-  for (const char* name :
-       {"corpus/b.txt", "corpus/a.txt", "corpus/part2/c.txt", "x1.txt", "x2.txt", "y.txt"})
+  std::filesystem::create_directories(dir / "corpus" / ".git");
+  for (const char* name : {"corpus/b.txt", "corpus/a.txt", "corpus/part2/c.txt", "corpus/.hidden",
+                           "corpus/.git/HEAD", "x1.txt", "x2.txt", "y.txt"})
     testing::write_text(dir / name, "text");
   const std::vector<std::filesystem::path> files = list_input_files(
       {(dir / "y.txt").string(), (dir / "corpus").string(), (dir / "x?.txt").string()});
@@ -80,13 +112,13 @@ TEST(DocumentReader, InputsAreFilesDirectoriesAndGlobs) {
     list_input_files({(dir / "empty").string()});
     FAIL();
   } catch (const UserError& error) {
-    EXPECT_CONTAINS(std::string(error.what()), "empty: no files in it");
+    EXPECT_CONTAINS(std::string(error.what()), "empty: no files in it or matching it");
   }
   try {
     list_input_files({(dir / "z*.txt").string()});
     FAIL();
   } catch (const UserError& error) {
-    EXPECT_CONTAINS(std::string(error.what()), "z*.txt: no file matches it");
+    EXPECT_CONTAINS(std::string(error.what()), "z*.txt: no files in it or matching it");
   }
 }
 

@@ -45,10 +45,10 @@ TEST(LineReader, ReadsPlainGzipAndZstdFilesAlikeWhateverTheirNames) {
   testing::write_text(dir / "members.gz",
                       testing::read_text(dir / "1.gz") + testing::read_text(dir / "2.gz"));
 
-  for (const auto& [name, compression] : {std::pair{"plain", Compression::none},
-                                          {"gzip_without_suffix", Compression::gzip},
-                                          {"zstd_without_suffix", Compression::zstd},
-                                          {"members.gz", Compression::gzip}}) {
+  for (const auto& [name, compression] : {std::pair{"plain", Compression::kNone},
+                                          {"gzip_without_suffix", Compression::kGzip},
+                                          {"zstd_without_suffix", Compression::kZstd},
+                                          {"members.gz", Compression::kGzip}}) {
     LineReader reader(dir / name);
     EXPECT_EQ(reader.compression(), compression) << name;
     EXPECT_EQ(all_lines(reader), expected) << name;

@@ -83,5 +83,12 @@ TEST(OrderedPipeline, AnExceptionAnywhereStopsTheOthersAndReachesTheCaller) {
   }
 }
 
+TEST(OrderedPipeline, NoWorkerOrNoRoomIsRefusedRatherThanWaitingForever) {
+  const auto nothing = []() -> std::optional<int> { return std::nullopt; };
+  const auto ignore = [](int&) {};
+  EXPECT_THROW(run_ordered_pipeline<int>(nothing, ignore, ignore, 0, 4), std::invalid_argument);
+  EXPECT_THROW(run_ordered_pipeline<int>(nothing, ignore, ignore, 2, 0), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace mltrain
