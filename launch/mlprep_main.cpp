@@ -10,6 +10,7 @@
 #include "common/guarded_main.h"
 #include "common/logging.h"
 #include "data/corpus_prep.h"
+#include "data/shard.h"
 
 namespace {
 
@@ -36,6 +37,16 @@ CLI::Validator integer_at_least(int64_t min) {
         const std::optional<int64_t> number = parse_number<int64_t>(value);
         if (number && *number >= min) return std::string();
         return fmt::format("expected an integer of at least {}, got \"{}\"", min, value);
+      },
+      "");
+}
+
+CLI::Validator integer_between(int64_t min, int64_t max) {
+  return CLI::Validator(
+      [min, max](const std::string& value) {
+        const std::optional<int64_t> number = parse_number<int64_t>(value);
+        if (number && *number >= min && *number <= max) return std::string();
+        return fmt::format("expected an integer from {} to {}, got \"{}\"", min, max, value);
       },
       "");
 }
@@ -91,7 +102,7 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
       ->check(fraction());
   app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard file; default 100000000")
       ->type_name("N")
-      ->check(integer_at_least(1));
+      ->check(integer_between(1, mltrain::kMaxShardTokens));
   app.add_flag("--overwrite", options.overwrite,
                "replace the shards and tokenizer of a non-empty --out directory");
   app.add_option("--threads", options.threads, "encoding and training threads; default: all cores")

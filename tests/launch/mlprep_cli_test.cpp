@@ -197,7 +197,12 @@ TEST(MlprepCli, BadNumbersAreOneLineAndExitTwo) {
   const std::string files = "--input x --out y ";
   for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
            {"--vocab-size 259", "--vocab-size: expected an integer of at least 260, got \"259\""},
-           {"--shard-tokens 0", "--shard-tokens: expected an integer of at least 1, got \"0\""},
+           {"--shard-tokens 0",
+            "--shard-tokens: expected an integer from 1 to 4294967295, got \"0\""},
+           {"--shard-tokens 4294967296",
+            "--shard-tokens: expected an integer from 1 to 4294967295, got \"4294967296\""},
+           {"--tokenizer-sample-mb 0",
+            "--tokenizer-sample-mb: expected an integer of at least 1, got \"0\""},
            {"--threads 2x", "--threads: expected an integer of at least 1, got \"2x\""},
            {"--seed -1", "--seed: expected an integer of at least 0, got \"-1\""},
            {"--val-fraction 1", "--val-fraction: expected a number in [0, 1), got \"1\""},
