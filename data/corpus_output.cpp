@@ -1,10 +1,14 @@
 #include "data/corpus_output.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <regex>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -26,7 +30,7 @@ UserError cannot(const char* what, const std::filesystem::path& path,
 }  // namespace
 
 bool is_mlprep_file_name(const std::string& name) {
-  static const std::regex kName(R"(((train|val)_\d{6}\.bin|tokenizer\.model)(\.tmp\.\d+)?)");
+  static const std::regex kName(R"(((train|val)_\d{6,}\.bin|tokenizer\.model)(\.tmp\.\d+)?)");
   return std::regex_match(name, kName);
 }
 
@@ -45,8 +49,11 @@ CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
         directory_.string()));
   }
   for (const auto& entry : entries) {
-    if (entry.is_directory() && entry.path().filename().string().starts_with(kStagingPrefix))
-      remove_tree(entry.path());
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !name.starts_with(kStagingPrefix)) continue;
+    // Left by a killed run, unless its process still runs: another mlprep writing here.
+    const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + kStagingPrefix.size()));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) remove_tree(entry.path());
   }
   write_directory_ = directory_ / fmt::format("{}{}", kStagingPrefix, ::getpid());
   std::filesystem::create_directory(write_directory_, error);
@@ -54,19 +61,41 @@ CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
 }
 
 CorpusOutput::~CorpusOutput() {
-  if (write_directory_ == directory_) return;
+  if (write_directory_ == directory_ || publishing_) return;
   std::error_code ignored;
   remove_tree(write_directory_, ignored);
 }
 
 void CorpusOutput::publish() {
   if (write_directory_ == directory_) return;
-  for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
-    if (entry.is_regular_file() && is_mlprep_file_name(entry.path().filename().string()))
-      std::filesystem::remove(entry.path());
-  }
+  std::set<std::string> staged;
   for (const auto& entry : std::filesystem::directory_iterator(write_directory_))
-    std::filesystem::rename(entry.path(), directory_ / entry.path().filename());
+    staged.insert(entry.path().filename().string());
+  // Each staged file goes over a file of its name or into its place: a directory there would stop
+  // the moves halfway, so it stops them before the first.
+  for (const std::string& name : staged) {
+    const auto there = std::filesystem::symlink_status(directory_ / name);
+    if (std::filesystem::exists(there) && !std::filesystem::is_regular_file(there)) {
+      throw UserError(
+          fmt::format("--out {}: {} is in the way of the new corpus's file of that name",
+                      directory_.string(), name));
+    }
+  }
+  // From here a failure keeps the staging directory: it holds what was not moved yet.
+  publishing_ = true;
+  try {
+    for (const std::string& name : staged)
+      std::filesystem::rename(write_directory_ / name, directory_ / name);  // replaces at once
+    for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file() && is_mlprep_file_name(name) && !staged.contains(name))
+        std::filesystem::remove(entry.path());
+    }
+  } catch (const std::filesystem::filesystem_error& error) {
+    throw UserError(fmt::format(
+        "--out {}: replacing the earlier corpus failed ({}); the new files not moved yet are in {}",
+        directory_.string(), error.what(), write_directory_.string()));
+  }
   remove_tree(write_directory_);
   write_directory_ = directory_;
   fsync_directory(directory_);

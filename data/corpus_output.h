@@ -7,9 +7,10 @@ namespace mltrain {
 
 // Where mlprep writes a corpus. A new or empty directory is written into directly. A non-empty one
 // is refused (a UserError) unless `overwrite`; then the new corpus is written into a staging
-// directory inside it, and publish() replaces mlprep's earlier files (shards, tokenizer, their
-// temporaries) with it, so that a run that fails leaves the earlier corpus as it was. Files that
-// are not mlprep's are never touched.
+// directory inside it, and publish() moves it over mlprep's earlier files (shards, tokenizer,
+// their temporaries) and removes those it did not replace, so that a run that fails leaves the
+// earlier corpus as it was. Files that are not mlprep's are never touched. A staging directory
+// left by a killed run goes with the next run that overwrites.
 class CorpusOutput {
  public:
   CorpusOutput(std::filesystem::path directory, bool overwrite);
@@ -26,6 +27,7 @@ class CorpusOutput {
  private:
   std::filesystem::path directory_;
   std::filesystem::path write_directory_;
+  bool publishing_ = false;
 };
 
 // Whether a file name is one that mlprep writes: a shard, the tokenizer, or a temporary of either.

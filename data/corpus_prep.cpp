@@ -1,5 +1,7 @@
 #include "data/corpus_prep.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -7,7 +9,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "common/error.h"
@@ -29,12 +30,20 @@ constexpr int64_t kBatchTextBytes = int64_t{1} << 20;
 // What a run is asked that would fail only after hours: refused before anything is done.
 void check_options(const CorpusPrepOptions& options) {
   for (const std::filesystem::path& input : options.inputs) {
+    // access(), not an open: opening a named pipe would wait for its writer.
+    if (::access(input.c_str(), R_OK) != 0) {
+      throw UserError(
+          fmt::format("{}: cannot read the input file: {}", input.string(), std::strerror(errno)));
+    }
     std::error_code error;
     if (std::filesystem::is_directory(input, error))
       throw UserError(fmt::format("{}: cannot read the input file: a directory", input.string()));
-    if (!std::ifstream(input)) {
-      throw UserError(
-          fmt::format("{}: cannot read the input file: {}", input.string(), std::strerror(errno)));
+    // Training a tokenizer reads the inputs twice, and a pipe gives its bytes once.
+    if (!std::filesystem::is_regular_file(input, error) && options.tokenizer.empty()) {
+      throw UserError(fmt::format(
+          "{}: not a regular file (a pipe?): mlprep reads it twice when it trains the tokenizer; "
+          "give one with --tokenizer, or write the input to a file",
+          input.string()));
     }
   }
   if (options.shard_tokens < 1 || options.shard_tokens > kMaxShardTokens) {

@@ -34,9 +34,12 @@ void ProgressLog::log(int64_t bytes_read, const std::string& more) {
       total_bytes_ > bytes_read && rate > 0
           ? fmt::format(", ETA {:.0f} s", static_cast<double>(total_bytes_ - bytes_read) / rate)
           : "";
-  spdlog::info("{}: {:.0f}/{:.0f} MB ({:.0f}%), {:.1f} MB/s{}{}", what_, bytes_read / 1e6,
-               total_bytes_ / 1e6, 100.0 * bytes_read / std::max<int64_t>(total_bytes_, 1),
-               rate / 1e6, more, eta);
+  // Pipes have no size: then the bytes read alone.
+  const std::string read = total_bytes_ > 0
+                               ? fmt::format("{:.0f}/{:.0f} MB ({:.0f}%)", bytes_read / 1e6,
+                                             total_bytes_ / 1e6, 100.0 * bytes_read / total_bytes_)
+                               : fmt::format("{:.0f} MB", bytes_read / 1e6);
+  spdlog::info("{}: {}, {:.1f} MB/s{}{}", what_, read, rate / 1e6, more, eta);
 }
 
 }  // namespace mltrain

@@ -25,8 +25,8 @@ inline constexpr int32_t kShardVersionU32 = 7;
 // Bytes per token a shard for this vocabulary uses: 2 when every id fits uint16, else 4.
 int token_bytes_for_vocab(int64_t vocab_size);
 
-// The most tokens one shard holds: its header counts them in 32 bits.
-inline constexpr int64_t kMaxShardTokens = 0xFFFF'FFFF;
+// The most tokens one shard holds: llm.c reads the header's count as a signed 32-bit int.
+inline constexpr int64_t kMaxShardTokens = 0x7FFF'FFFF;
 
 // One shard written as its tokens arrive, in the narrowest token type that holds vocab_size (ids
 // must be below it): only a small buffer is held, the header's count is filled in by commit(), and

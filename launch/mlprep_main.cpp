@@ -94,7 +94,7 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
   app.add_option("--tokenizer-sample-mb", options.tokenizer_sample_mb,
                  "the tokenizer trains on a seeded sample of this much text; default 100")
       ->type_name("MB")
-      ->check(integer_at_least(1));
+      ->check(integer_between(1, 1'000'000));
   app.add_option("--val-fraction", options.val_fraction,
                  "share of documents held out for validation, chosen by a seeded hash\n"
                  "of their text; default 0.05")

@@ -1,6 +1,7 @@
 #include "data/corpus_prep.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 
@@ -273,6 +274,46 @@ TEST(CorpusPrep, AFailedOverwriteLeavesTheEarlierCorpus) {
   EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"), earlier_tokenizer);
   for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
     EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+}
+
+// A directory where the new corpus puts a file stops the overwrite before anything moves.
+TEST(CorpusPrep, ADirectoryInTheWayStopsTheOverwriteBeforeAnythingMoves) {
+  TemporaryDirectory dir;
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  options.shard_tokens = 10'000'000;  // one train shard
+  prepare_corpus(options);
+  const auto earlier = shard_bytes(dir / "out");
+  std::filesystem::create_directories(dir / "out" / "train_000001.bin");
+  options.shard_tokens = 20000;  // several
+  options.tokenizer = dir / "out" / "tokenizer.model";
+  options.overwrite = true;
+  try {
+    prepare_corpus(options);
+    FAIL() << "the overwrite went through a directory";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "train_000001.bin is in the way");
+  }
+  std::filesystem::remove(dir / "out" / "train_000001.bin");
+  EXPECT_EQ(shard_bytes(dir / "out"), earlier);
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+}
+
+// A pipe gives its bytes once, and training a tokenizer reads the inputs twice: refused at once,
+// not after the first pass has emptied it (nor while waiting for its writer).
+TEST(CorpusPrep, APipeNeedsATokenizerGiven) {
+  TemporaryDirectory dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0600), 0);
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  options.inputs = {dir / "pipe"};
+  try {
+    prepare_corpus(options);
+    FAIL() << "a pipe was taken for two passes";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "pipe: not a regular file");
+    EXPECT_CONTAINS(std::string(error.what()), "--tokenizer");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
 TEST(CorpusPrep, CompressedInputsGiveTheShardsOfThePlainOnes) {
