@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "data/bpe_encoder.h"
 #include "data/corpus_output.h"
 #include "data/document_hash.h"
 #include "data/ordered_pipeline.h"
@@ -138,6 +139,10 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   const int64_t vocab_size = tokenizer.vocab_size();
   const uint32_t end_of_document = tokenizer.end_of_document();
   const int64_t unknown = tokenizer.unknown();
+  const std::optional<BpeEncoder> fast_encoder = BpeEncoder::for_model(tokenizer);
+  spdlog::info("encoding with {}",
+               fast_encoder ? "mltrain's BPE encoder (SentencePiece's ids)"
+                            : "SentencePiece (a model mltrain's encoder does not reproduce)");
 
   DocumentReader reader(options.inputs, options.reader);
   SplitWriter train{ShardSeriesWriter(directory, "train", vocab_size, options.shard_tokens)};
@@ -161,7 +166,8 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   const std::function<void(Batch&)> encode = [&](Batch& batch) {
     batch.tokens.reserve(batch.documents.size());
     for (const std::string& document : batch.documents)
-      batch.tokens.push_back(tokenizer.encode(document));
+      batch.tokens.push_back(fast_encoder ? fast_encoder->encode(document)
+                                          : tokenizer.encode(document));
   };
   const std::function<void(Batch&)> write = [&](Batch& batch) {
     for (size_t i = 0; i < batch.documents.size(); ++i) {
