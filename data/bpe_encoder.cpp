@@ -52,6 +52,14 @@ bool is_valid_utf8(std::string_view text) {
   return true;
 }
 
+// Whether a piece holds a space mark after something that is not one ("a\u2581b", "a\u2581"),
+// as models trained without splitting at whitespace, or with it as a suffix, have.
+bool has_space_mark_after_text(std::string_view piece) {
+  size_t i = 0;
+  while (piece.substr(i).starts_with(kSpaceMark)) i += kSpaceMark.size();
+  return piece.find(kSpaceMark, i) != std::string_view::npos;
+}
+
 }  // namespace
 
 BpeEncoder::BpeEncoder(const Tokenizer& tokenizer)
@@ -65,6 +73,7 @@ std::optional<BpeEncoder> BpeEncoder::for_model(const Tokenizer& tokenizer) {
     const Tokenizer::Piece& piece = pieces[id];
     switch (piece.kind) {
       case Tokenizer::PieceKind::normal:
+        if (has_space_mark_after_text(piece.text)) return std::nullopt;  // the cuts would not hold
         encoder.pieces_.emplace(piece.text, Piece{id, piece.score});
         break;
       case Tokenizer::PieceKind::byte:  // "<0xAB>"

@@ -19,9 +19,10 @@ namespace mltrain {
 // merged piece's score, the leftmost first on a tie) and cached, words repeating as they do.
 class BpeEncoder {
  public:
-  // For a model it encodes exactly: BPE pieces with all 256 byte pieces and no unused ones, and
-  // SentencePiece's own ids on a set of probe texts. None for any other model. The tokenizer must
-  // outlive the encoder.
+  // For a model it encodes exactly: all 256 byte pieces, no unused ones, no piece with a space
+  // mark after anything but space marks, and SentencePiece's own ids on a set of probe texts (which
+  // a dummy prefix, a normalisation or another model type changes). None for any other model. The
+  // tokenizer must outlive the encoder.
   static std::optional<BpeEncoder> for_model(const Tokenizer& tokenizer);
 
   // The ids of `text`, as tokenizer.encode gives them. Text that is not valid UTF-8, which
