@@ -1,6 +1,10 @@
 #include "data/token_windows.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
 
 #include <numeric>
 
@@ -53,6 +57,36 @@ TEST(TokenWindows, BadInputsNameThePatternOrTheFile) {
       windows_error((dir / "short_*.bin").string(), 8),
       "short_000000.bin: 8 tokens are fewer than one window of data.seq_len + 1 = 9 tokens");
   EXPECT_EQ(windows_error((dir / "short_*.bin").string(), 7), "");
+}
+
+// A corpus of more than 2^31 tokens: two sparse uint16 shards of 1.1 billion tokens each, whose
+// last window carries two marks. Every offset on the way is 64-bit.
+TEST(TokenWindows, CorporaOverTwoToTheThirtyOneTokensWork) {
+  TemporaryDirectory dir;
+  constexpr int64_t kTokens = 1'100'000'001;
+  for (const char* name : {"train_000000.bin", "train_000001.bin"}) {
+    std::array<int32_t, 256> header{};
+    header[0] = kShardMagicU16;
+    header[1] = kShardVersionU16;
+    header[2] = static_cast<int32_t>(kTokens);
+    const int fd = ::open((dir / name).c_str(), O_WRONLY | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, header.data(), sizeof(header), 0), static_cast<ssize_t>(sizeof(header)));
+    const uint16_t marks[2] = {77, 99};
+    ASSERT_EQ(::pwrite(fd, marks, sizeof(marks), kShardHeaderBytes + (kTokens - 2) * 2),
+              static_cast<ssize_t>(sizeof(marks)));
+    ::close(fd);
+  }
+  constexpr int64_t kSeqLen = 1'000'000;  // 1,100 windows a shard, the last ending on the marks
+  const TokenWindows windows((dir / "train_*.bin").string(), kSeqLen, 100);
+  EXPECT_EQ(windows.num_tokens(), 2 * kTokens);
+  EXPECT_GT(windows.num_tokens(), int64_t{1} << 31);
+  ASSERT_EQ(windows.num_windows(), 2200);
+  std::vector<int64_t> last(kSeqLen + 1);
+  windows.read(2199, last);
+  EXPECT_EQ(last[kSeqLen - 1], 77);
+  EXPECT_EQ(last[kSeqLen], 99);
+  EXPECT_EQ(last[0], 0);
 }
 
 }  // namespace
