@@ -119,6 +119,12 @@ std::map<std::string, std::string> shard_bytes(const std::filesystem::path& dir)
   return shards;
 }
 
+// An overwrite, done or failed, leaves no staging directory behind.
+void expect_no_staging_left(const std::filesystem::path& out) {
+  for (const auto& entry : std::filesystem::directory_iterator(out))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+}
+
 CorpusPrepOptions fortune_options(const std::filesystem::path& out, int threads) {
   CorpusPrepOptions options;
   options.inputs = kFortunes;
@@ -253,8 +259,7 @@ TEST(CorpusPrep, ANonEmptyOutputDirectoryIsRefusedUnlessOverwriting) {
   EXPECT_EQ(testing::read_text(dir / "out" / "notes.txt"), "mine");
   EXPECT_EQ(testing::read_text(dir / "out" / "corpus.tmp.1.jsonl"), "mine");
   EXPECT_EQ(testing::read_text(dir / "out" / "train_000098.bin" / "inside"), "mine");
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
-    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+  expect_no_staging_left(dir / "out");
 }
 
 // A run with --overwrite that fails keeps the earlier corpus as it was, and no staging behind.
@@ -272,8 +277,7 @@ TEST(CorpusPrep, AFailedOverwriteLeavesTheEarlierCorpus) {
   EXPECT_THROW(prepare_corpus(options), UserError);
   EXPECT_EQ(shard_bytes(dir / "out"), earlier);
   EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"), earlier_tokenizer);
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
-    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+  expect_no_staging_left(dir / "out");
 }
 
 // A directory where the new corpus puts a file stops the overwrite before anything moves.
@@ -295,8 +299,7 @@ TEST(CorpusPrep, ADirectoryInTheWayStopsTheOverwriteBeforeAnythingMoves) {
   }
   std::filesystem::remove(dir / "out" / "train_000001.bin");
   EXPECT_EQ(shard_bytes(dir / "out"), earlier);
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "out"))
-    EXPECT_FALSE(entry.path().filename().string().starts_with(".mlprep-staging")) << "left over";
+  expect_no_staging_left(dir / "out");
 }
 
 // A pipe gives its bytes once, and training a tokenizer reads the inputs twice: refused at once,
