@@ -52,6 +52,14 @@ class SingleRankCommunicator : public Communicator {
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor&) override {
     return std::make_unique<DoneWork>();
   }
+  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                         const at::Tensor& output) override {
+    if (!input.is_same(output)) output.copy_(input.view_as(output));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor&) override {
+    return std::make_unique<DoneWork>();
+  }
   void broadcast(const at::Tensor&, int) override {}
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return std::make_unique<KnownSum>(value);
@@ -66,26 +74,38 @@ void sum_bf16(void* in, void* inout, int* length, MPI_Datatype*) {
     b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
-class MpiAllReduceWork : public CollectiveWork {
+// A non-blocking MPI collective: its wait() polls until dist.timeout_s, then divides `average`
+// (when given) by the number of ranks, as MPI sums.
+class MpiWork : public CollectiveWork {
  public:
-  MpiAllReduceWork(at::Tensor tensor, int world_size, double timeout_s, MPI_Datatype type,
-                   MPI_Op op)
-      : tensor_(std::move(tensor)), world_size_(world_size), timeout_s_(timeout_s) {
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor_.data_ptr(), static_cast<int>(tensor_.numel()),
-                             type, op, MPI_COMM_WORLD, &request_),
-              "MPI_Iallreduce");
-  }
+  MpiWork(MPI_Request request, std::string name, double timeout_s, at::Tensor average,
+          int world_size, std::vector<at::Tensor> in_flight)
+      : request_(request),
+        name_(std::move(name)),
+        timeout_s_(timeout_s),
+        average_(std::move(average)),
+        world_size_(world_size),
+        in_flight_(std::move(in_flight)) {}
   void wait() override {
-    wait_for(request_, timeout_s_, all_reduce_name(tensor_));
-    tensor_.div_(world_size_);
+    wait_for(request_, timeout_s_, name_);
+    if (average_.defined()) average_.div_(world_size_);
   }
 
  private:
-  at::Tensor tensor_;
-  int world_size_;
+  MPI_Request request_;
+  std::string name_;
   double timeout_s_;
-  MPI_Request request_ = MPI_REQUEST_NULL;
+  at::Tensor average_;
+  int world_size_;
+  std::vector<at::Tensor> in_flight_;  // kept alive until the operation is done
 };
+
+void check_mpi_tensor(const at::Tensor& tensor, const char* collective) {
+  if (!tensor.is_cpu() || !tensor.is_contiguous())
+    throw std::invalid_argument(fmt::format("MPI {} needs a contiguous CPU tensor", collective));
+  if (tensor.numel() > std::numeric_limits<int>::max())
+    throw std::invalid_argument(fmt::format("MPI {} of over 2^31 elements", collective));
+}
 
 // MPI collectives on CPU tensors: multi-rank training on machines without GPUs.
 class MpiCommunicator : public Communicator {
@@ -103,20 +123,45 @@ class MpiCommunicator : public Communicator {
   int size() const override { return world_.size; }
 
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
-    if (!tensor.is_cpu() || !tensor.is_contiguous())
-      throw std::invalid_argument("MPI all-reduce needs a contiguous CPU tensor");
-    if (tensor.numel() > std::numeric_limits<int>::max())
-      throw std::invalid_argument("MPI all-reduce of over 2^31 elements");
-    const bool bf16 = tensor.scalar_type() == at::kBFloat16;
-    return std::make_unique<MpiAllReduceWork>(tensor, world_.size, timeout_s_,
-                                              bf16 ? bf16_type_ : mpi_type(tensor),
-                                              bf16 ? bf16_sum_ : MPI_SUM);
+    check_mpi_tensor(tensor, "all-reduce");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
+                             type_of(tensor), sum_of(tensor), MPI_COMM_WORLD, &request),
+              "MPI_Iallreduce");
+    return std::make_unique<MpiWork>(request, collective_name("all-reduce", tensor), timeout_s_,
+                                     tensor, world_.size, std::vector<at::Tensor>{});
+  }
+
+  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                         const at::Tensor& output) override {
+    check_mpi_tensor(input, "reduce-scatter");
+    check_mpi_tensor(output, "reduce-scatter");
+    if (part_numel(input, world_.size) != output.numel())
+      throw std::invalid_argument("reduce-scatter: the output is not one rank's part of the input");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(),
+                                        static_cast<int>(output.numel()), type_of(input),
+                                        sum_of(input), MPI_COMM_WORLD, &request),
+              "MPI_Ireduce_scatter_block");
+    return std::make_unique<MpiWork>(request, collective_name("reduce-scatter", input), timeout_s_,
+                                     output, world_.size, std::vector<at::Tensor>{input});
+  }
+
+  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+    check_mpi_tensor(tensor, "all-gather");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, tensor.data_ptr(),
+                             static_cast<int>(part_numel(tensor, world_.size)), type_of(tensor),
+                             MPI_COMM_WORLD, &request),
+              "MPI_Iallgather");
+    return std::make_unique<MpiWork>(request, collective_name("all-gather", tensor), timeout_s_,
+                                     at::Tensor(), world_.size, std::vector<at::Tensor>{tensor});
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), mpi_type(tensor),
-                         root, MPI_COMM_WORLD, &request),
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), type_of(tensor), root,
+                         MPI_COMM_WORLD, &request),
               "MPI_Ibcast");
     wait_for(request, timeout_s_, "a broadcast");
   }
@@ -126,6 +171,13 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  MPI_Datatype type_of(const at::Tensor& tensor) const {
+    return tensor.scalar_type() == at::kBFloat16 ? bf16_type_ : mpi_type(tensor);
+  }
+  MPI_Op sum_of(const at::Tensor& tensor) const {
+    return tensor.scalar_type() == at::kBFloat16 ? bf16_sum_ : MPI_SUM;
+  }
+
   World world_;
   double timeout_s_;
   MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
@@ -134,9 +186,17 @@ class MpiCommunicator : public Communicator {
 
 }  // namespace
 
-std::string all_reduce_name(const at::Tensor& tensor) {
-  return fmt::format("the all-reduce of {} {} values", tensor.numel(),
+std::string collective_name(const std::string& collective, const at::Tensor& tensor) {
+  return fmt::format("the {} of {} {} values", collective, tensor.numel(),
                      c10::toString(tensor.scalar_type()));
+}
+
+int64_t part_numel(const at::Tensor& whole, int size) {
+  if (whole.numel() % size != 0) {
+    throw std::invalid_argument(
+        fmt::format("{} elements do not split into {} equal parts", whole.numel(), size));
+  }
+  return whole.numel() / size;
 }
 
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator) {

@@ -40,6 +40,15 @@ class Communicator {
 
   // Replaces a contiguous tensor with its average over the ranks; asynchronous.
   virtual std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) = 0;
+  // Averages the contiguous `input` over the ranks and leaves this rank's part of the average in
+  // the contiguous `output`: rank r gets input's elements [r n, (r + 1) n), where n is
+  // output.numel() and input.numel() is size() n. Asynchronous; neither tensor may change before
+  // wait().
+  virtual std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                                 const at::Tensor& output) = 0;
+  // Fills the contiguous `tensor`, of size() parts of n elements, with every rank's own part: rank
+  // r's elements [r n, (r + 1) n) reach every rank. In place; asynchronous.
+  virtual std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) = 0;
   // Copies root's tensor into every rank's, ordered before what the caller runs next on the
   // tensor's device (as CollectiveWork::wait).
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
@@ -51,8 +60,13 @@ class Communicator {
   double all_reduce_sum(double value) { return start_all_reduce_sum(value)->wait(); }
 };
 
-// How messages name the all-reduce of `tensor`: "the all-reduce of 1024 Float values".
-std::string all_reduce_name(const at::Tensor& tensor);
+// How messages name a collective over `tensor`: collective_name("all-reduce", tensor) is "the
+// all-reduce of 1024 Float values".
+std::string collective_name(const std::string& collective, const at::Tensor& tensor);
+
+// The elements of one rank's part of `whole`, a tensor of `size` equal parts (std::invalid_argument
+// if it cannot be cut so).
+int64_t part_numel(const at::Tensor& whole, int size);
 
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);

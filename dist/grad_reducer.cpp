@@ -22,15 +22,14 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
-                         double bucket_mb, double first_bucket_mb, bool overlap, bool compress_bf16)
+                         ReducerOptions options)
     : parameters_(std::move(parameters)),
       grad_views_(parameters_.size()),
       bucket_of_(parameters_.size()),
       communicator_(communicator),
-      overlap_(overlap),
-      compress_bf16_(compress_bf16) {
+      options_(options) {
   // Assign parameters to buckets, last registered first.
-  int64_t capacity = static_cast<int64_t>(first_bucket_mb * (1 << 20));
+  int64_t capacity = static_cast<int64_t>(options_.first_bucket_mb * (1 << 20));
   int64_t filled = 0;
   std::vector<std::vector<size_t>> members(1);
   for (size_t i = parameters_.size(); i-- > 0;) {
@@ -38,7 +37,7 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
     if (!members.back().empty() && filled + bytes > capacity) {
       members.emplace_back();
       filled = 0;
-      capacity = static_cast<int64_t>(bucket_mb * (1 << 20));
+      capacity = static_cast<int64_t>(options_.bucket_mb * (1 << 20));
     }
     members.back().push_back(i);
     filled += bytes;
@@ -50,6 +49,10 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
     for (const size_t i : members[b]) {
       bucket.offsets.push_back(elements);
       elements += parameters_[i].numel();
+    }
+    if (options_.shard) {  // every rank's part equally long; the padding stays zero
+      const int64_t ranks = communicator_.size();
+      elements = (elements + ranks - 1) / ranks * ranks;
     }
     bucket.buffer = at::zeros({elements}, parameters_[members[b].front()].options());
     for (size_t k = 0; k < members[b].size(); ++k) {
@@ -64,12 +67,38 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
       torch::autograd::impl::set_post_acc_grad_hooks(
           parameters_[i], std::make_unique<ReadyHook>([this, i] { on_gradient(i); }));
     }
-    if (compress_bf16_)
+    if (options_.compress_bf16)
       bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
     bucket.parameters = members[b];
     bucket.pending = members[b].size();
     buckets_.push_back(std::move(bucket));
+    if (options_.shard) shard_bucket(b);
   }
+}
+
+// Moves the bucket's parameters into one flat tensor of the bucket's layout and notes this rank's
+// part of it.
+void GradReducer::shard_bucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  BucketShard shard;
+  shard.bucket = at::zeros_like(bucket.buffer);
+  for (size_t k = 0; k < bucket.parameters.size(); ++k) {
+    const size_t i = bucket.parameters[k];
+    shard.members.push_back({i, bucket.offsets[k]});
+    const at::Tensor place = shard.bucket.narrow(0, bucket.offsets[k], parameters_[i].numel())
+                                 .view(parameters_[i].sizes());
+    place.copy_(parameters_[i]);
+    // The parameter keeps its identity (the model, autograd and the optimizer hold it), and its
+    // values now live in the bucket.
+    parameters_[i].set_data(place);
+  }
+  shard.elements = part_numel(bucket.buffer, communicator_.size());
+  shard.begin = communicator_.rank() * shard.elements;
+  shard.parameters = shard.bucket.narrow(0, shard.begin, shard.elements);
+  shard.gradients = at::zeros({shard.elements}, bucket.buffer.options());
+  if (options_.compress_bf16)
+    bucket.wire_part = at::empty_like(shard.gradients, bucket.wire.options());
+  shards_.push_back(std::move(shard));
 }
 
 GradReducer::~GradReducer() {
@@ -104,19 +133,22 @@ void GradReducer::mark_ready(size_t parameter) {
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   if (bucket.pending == 0) throw std::logic_error("a gradient arrived twice in one backward");
   --bucket.pending;
-  if (overlap_) launch_ready_buckets(/*all=*/false);
+  if (options_.overlap) launch_ready_buckets(/*all=*/false);
 }
 
 // Launches buckets strictly in order, so that every rank issues the same sequence of collectives
 // whatever order its gradients arrive in.
 void GradReducer::launch_ready_buckets(bool all) {
   while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
-    Bucket& bucket = buckets_[next_to_launch_++];
-    if (compress_bf16_) {
-      bucket.wire.copy_(bucket.buffer);
-      bucket.work = communicator_.all_reduce_average(bucket.wire);
+    const size_t b = next_to_launch_++;
+    Bucket& bucket = buckets_[b];
+    if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
+    const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
+    if (options_.shard) {
+      const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : shards_[b].gradients;
+      bucket.work = communicator_.reduce_scatter_average(sent, part);
     } else {
-      bucket.work = communicator_.all_reduce_average(bucket.buffer);
+      bucket.work = communicator_.all_reduce_average(sent);
     }
   }
 }
@@ -126,13 +158,27 @@ void GradReducer::finish() {
   for (size_t i = 0; i < parameters_.size(); ++i) keep_in_bucket(i);
   std::lock_guard lock(mutex_);
   launch_ready_buckets(/*all=*/true);  // buckets with unused parameters, or all without overlap
-  for (Bucket& bucket : buckets_) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
     bucket.work->wait();
     bucket.work.reset();
-    if (compress_bf16_) bucket.buffer.copy_(bucket.wire);
+    if (options_.compress_bf16) {
+      if (options_.shard) {
+        shards_[b].gradients.copy_(bucket.wire_part);
+      } else {
+        bucket.buffer.copy_(bucket.wire);
+      }
+    }
     bucket.pending = bucket.parameters.size();
   }
   next_to_launch_ = 0;
+}
+
+void GradReducer::gather_parameters() {
+  std::vector<std::unique_ptr<CollectiveWork>> gathers;
+  for (const BucketShard& shard : shards_)
+    gathers.push_back(communicator_.all_gather(shard.bucket));
+  for (const auto& gather : gathers) gather->wait();
 }
 
 void GradReducer::zero_grad() {

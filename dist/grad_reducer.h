@@ -25,12 +25,47 @@ namespace mltrain {
 // place) would have the bucket averaged while the optimizer reads the local gradient, and the
 // ranks would drift apart. As in DDP's reducer, the same hook and finish() check that each .grad
 // is still its bucket view and, where not, copy the gradient into the bucket and restore the view.
+//
+// Sharded (ZeRO-1, as llm.c and DeepSpeed's stage 1 do it): each bucket is cut into one equal part
+// per rank (padded with zeros to a multiple of the ranks), and is reduce-scattered instead of
+// all-reduced, so that each rank receives the average of its own part only. The parameters move
+// into flat buckets of the same layout (each parameter becomes a view into its bucket), so that
+// each rank can update its part of every bucket in place and gather_parameters() can all-gather
+// the buckets back into the model with no copies.
+struct ReducerOptions {
+  double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;  // small, so that the first collective starts early in backward
+  bool overlap = true;           // launch each bucket as soon as its gradients are complete
+  bool compress_bf16 = false;    // buckets travel as bf16 (half the bytes), averaged in bf16
+  bool shard = false;            // ZeRO-1: reduce-scatter, each rank keeps its part
+};
+
 class GradReducer {
  public:
-  // With compress_bf16 a bucket travels as bf16 (half the bytes) and is averaged in that precision.
-  GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator, double bucket_mb,
-              double first_bucket_mb, bool overlap, bool compress_bf16 = false);
+  GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
+              ReducerOptions options);
   ~GradReducer();
+
+  // Where one parameter lies in its bucket.
+  struct Member {
+    size_t parameter;  // index into the reducer's parameter list
+    int64_t offset;    // first element in the bucket
+  };
+  // This rank's part of one bucket, when sharded.
+  struct BucketShard {
+    std::vector<Member> members;  // the bucket's parameters
+    int64_t begin = 0;            // first element of this rank's part in the bucket
+    int64_t elements = 0;         // of the part (every rank's part is as long)
+    at::Tensor parameters;        // the part of the flat parameters: update it in place
+    at::Tensor gradients;         // the average of the part's gradients, after finish()
+    at::Tensor bucket;            // the whole flat parameters of the bucket
+  };
+  // One per bucket, in the order of the buckets; empty unless sharded.
+  const std::vector<BucketShard>& shards() const { return shards_; }
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+
+  // Sharded: copies every rank's updated part of the parameters to every rank, and waits for it.
+  void gather_parameters();
 
   // Whether the coming backward communicates: off for the micro-steps of gradient accumulation
   // before the last one (their gradients only accumulate locally).
@@ -53,6 +88,7 @@ class GradReducer {
     std::vector<int64_t> offsets;    // each parameter's first element in buffer
     size_t pending = 0;              // gradients still to arrive in this backward
     at::Tensor wire;                 // bf16 twin all-reduced in place of buffer, when compressing
+    at::Tensor wire_part;            // bf16 twin of this rank's part, when compressing and sharded
     std::unique_ptr<CollectiveWork> work;
   };
 
@@ -60,14 +96,15 @@ class GradReducer {
   void keep_in_bucket(size_t parameter);
   void mark_ready(size_t parameter);
   void launch_ready_buckets(bool all);
+  void shard_bucket(size_t bucket);
 
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> grad_views_;  // each parameter's gradient within its bucket
   std::vector<size_t> bucket_of_;       // parameter index -> bucket index
   std::vector<Bucket> buckets_;
+  std::vector<BucketShard> shards_;
   Communicator& communicator_;
-  bool overlap_;
-  bool compress_bf16_;
+  ReducerOptions options_;
   bool sync_ = true;
   size_t next_to_launch_ = 0;
   std::atomic<int64_t> copied_in_ = 0;

@@ -165,9 +165,9 @@ std::shared_ptr<at::cuda::CUDAEvent> record_on(const c10::cuda::CUDAStream& stre
   return event;
 }
 
-class NcclAllReduceWork : public CollectiveWork {
+class NcclWork : public CollectiveWork {
  public:
-  explicit NcclAllReduceWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  explicit NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(done_->device_index())); }
 
  private:
@@ -197,20 +197,34 @@ class NcclCommunicator : public Communicator {
   int size() const override { return world_.size; }
 
   std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
-    if (!tensor.is_cuda() || !tensor.is_contiguous())
-      throw std::invalid_argument("NCCL all-reduce needs a contiguous CUDA tensor");
-    const auto compute = c10::cuda::getCurrentCUDAStream(tensor.device().index());
-    record_on(compute)->block(stream_);  // the tensor is complete on the compute stream first
-    comm_.issue("ncclAllReduce", [&](ncclComm_t comm) {
+    return enqueue("all-reduce", "ncclAllReduce", tensor, {tensor}, [&](ncclComm_t comm) {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                            static_cast<size_t>(tensor.numel()), nccl_type(tensor), ncclAvg, comm,
                            stream_.stream());
     });
-    // The caching allocator must not reuse the buffer while the communication stream uses it.
-    tensor.record_stream(stream_);
-    auto done = record_on(stream_);
-    watch(all_reduce_name(tensor), done);
-    return std::make_unique<NcclAllReduceWork>(std::move(done));
+  }
+
+  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                         const at::Tensor& output) override {
+    if (part_numel(input, world_.size) != output.numel())
+      throw std::invalid_argument("reduce-scatter: the output is not one rank's part of the input");
+    return enqueue("reduce-scatter", "ncclReduceScatter", input, {input, output},
+                   [&](ncclComm_t comm) {
+                     return ncclReduceScatter(input.data_ptr(), output.data_ptr(),
+                                              static_cast<size_t>(output.numel()), nccl_type(input),
+                                              ncclAvg, comm, stream_.stream());
+                   });
+  }
+
+  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+    const int64_t part = part_numel(tensor, world_.size);
+    // In place: this rank's part is where the gathered tensor holds it.
+    const void* own = static_cast<const char*>(tensor.data_ptr()) +
+                      world_.rank * part * static_cast<int64_t>(tensor.element_size());
+    return enqueue("all-gather", "ncclAllGather", tensor, {tensor}, [&](ncclComm_t comm) {
+      return ncclAllGather(own, tensor.data_ptr(), static_cast<size_t>(part), nccl_type(tensor),
+                           comm, stream_.stream());
+    });
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
@@ -230,6 +244,27 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // Enqueues `call` on the communication stream, after the work enqueued so far on the compute
+  // stream (which makes `tensors`), and hands it to the watchdog as the `collective` of `named`.
+  template <class Call>
+  std::unique_ptr<CollectiveWork> enqueue(const char* collective, const char* nccl_call,
+                                          const at::Tensor& named,
+                                          std::initializer_list<at::Tensor> tensors, Call call) {
+    for (const at::Tensor& tensor : tensors) {
+      if (!tensor.is_cuda() || !tensor.is_contiguous())
+        throw std::invalid_argument(
+            fmt::format("NCCL {} needs contiguous CUDA tensors", collective));
+    }
+    const auto compute = c10::cuda::getCurrentCUDAStream(named.device().index());
+    record_on(compute)->block(stream_);  // the tensors are complete on the compute stream first
+    comm_.issue(nccl_call, call);
+    // The caching allocator must not reuse the buffers while the communication stream uses them.
+    for (const at::Tensor& tensor : tensors) tensor.record_stream(stream_);
+    auto done = record_on(stream_);
+    watch(collective_name(collective, named), done);
+    return std::make_unique<NcclWork>(std::move(done));
+  }
+
   // Hands `operation`, done when `done` has happened on the device, to the watchdog, whose thread
   // queries the event with this rank's GPU current.
   void watch(std::string operation, std::shared_ptr<at::cuda::CUDAEvent> done) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "model/activation_checkpoint.h"
 #include "model/kernel_choice.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
@@ -100,8 +101,24 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
   }
   const auto [cos, sin] = rotary_tables(*rotary, start_pos, length, padded ? cache : nullptr);
   at::Tensor h = token_embeddings(tokens);
+  // Checkpointed, a block keeps only its input for backward, which runs it again: the
+  // activations of one block are held at a time instead of those of every layer. Only where there
+  // is a backward to feed (grad mode), and never with a cache, which the block appends to.
+  const bool recompute =
+      activation_checkpointing_ && at::GradMode::is_enabled() && cache == nullptr;
   for (size_t layer = 0; layer < layers.size(); ++layer) {
-    h = layers[layer](h, cos, sin, start_pos, cache, static_cast<int64_t>(layer));
+    Block& block = layers[layer];
+    const auto index = static_cast<int64_t>(layer);
+    if (recompute) {
+      // Called again in backward: holds the block and the rotary tables (no gradient) by value.
+      const auto run_block = [block = block.ptr(), cos, sin, start_pos,
+                              index](const at::Tensor& x) {
+        return block->forward(x, cos, sin, start_pos, nullptr, index);
+      };
+      h = checkpointed(run_block, h, block->parameters());
+    } else {
+      h = block(h, cos, sin, start_pos, cache, index);
+    }
   }
   return norm(h);
 }

@@ -62,6 +62,14 @@ class LlamaImpl : public torch::nn::Module {
   // the residual stream (wo, w_down), ones for the norms.
   void init_weights();
 
+  // Whether training recomputes each block's activations in backward instead of keeping them from
+  // the forward pass (activation_checkpoint.h): the activations of one block are held at a time
+  // rather than those of all n_layers, for one more forward pass of the blocks in each backward.
+  // Off by default. It changes how the model is trained, not what it computes, so it is a switch
+  // here rather than a key of ModelConfig.
+  void set_activation_checkpointing(bool enabled) { activation_checkpointing_ = enabled; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+
   const ModelConfig& config() const { return config_; }
   int64_t num_parameters() const;
   const at::Tensor& output_weight() const;
@@ -74,6 +82,7 @@ class LlamaImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  bool activation_checkpointing_ = false;
 };
 TORCH_MODULE(Llama);
 

@@ -44,4 +44,15 @@ void ModelConfig::validate() const {
   }
 }
 
+int64_t ModelConfig::block_parameters() const {
+  const int64_t q = n_q_heads * head_dim;
+  const int64_t kv = n_kv_heads * head_dim;
+  return 2 * d_model + d_model * q + 2 * d_model * kv + q * d_model + 3 * d_model * d_ffn;
+}
+
+int64_t ModelConfig::parameters() const {
+  const int64_t embeddings = vocab_size * d_model * (tie_word_embeddings ? 1 : 2);
+  return embeddings + n_layers * block_parameters() + d_model;  // and the final norm
+}
+
 }  // namespace mltrain

@@ -22,6 +22,12 @@ struct ModelConfig {
 
   // Throws UserError naming the `model.*` key when the values cannot describe a model.
   void validate() const;
+
+  // The parameters of one decoder block: two norm weights, the four attention projections and
+  // the three SwiGLU projections.
+  int64_t block_parameters() const;
+  // Every parameter of the model (the tied embedding counted once), without building it.
+  int64_t parameters() const;
 };
 
 }  // namespace mltrain

@@ -106,12 +106,12 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
 }  // namespace
 
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
-                      const AdamW& optimizer, const TrainingProgress& progress,
+                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
                       const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights) {
   save_model_weights(model, directory / "model.safetensors");
   if (after_weights) after_weights(directory);
-  save_safetensors(directory / "optimizer.safetensors", optimizer.state());
+  save_safetensors(directory / "optimizer.safetensors", optimizer_state);
   write_file_atomically(directory / "config.yaml", config_to_yaml(config));
 
   nlohmann::json files = nlohmann::json::object();
@@ -140,7 +140,7 @@ void verify_checkpoint(const std::filesystem::path& checkpoint) {
 }
 
 TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
-                                 AdamW& optimizer, const Config& config) {
+                                 Optimizer& optimizer, const Config& config) {
   const nlohmann::json state = read_state(checkpoint);
   verify_files(checkpoint, state);
   check_config(checkpoint, config);

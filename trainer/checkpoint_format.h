@@ -29,7 +29,7 @@ struct TrainingProgress {
 // `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
 // or a full disk in the middle of a save).
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
-                      const AdamW& optimizer, const TrainingProgress& progress,
+                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
                       const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights = {});
 
@@ -41,6 +41,6 @@ void verify_checkpoint(const std::filesystem::path& checkpoint);
 // differs from config.model (every differing key listed) is a UserError; changed keys outside
 // model are logged.
 TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
-                                 AdamW& optimizer, const Config& config);
+                                 Optimizer& optimizer, const Config& config);
 
 }  // namespace mltrain

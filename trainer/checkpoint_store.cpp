@@ -38,7 +38,7 @@ void CheckpointStore::remove_stale_temporaries() const {
 }
 
 std::filesystem::path CheckpointStore::save(
-    const Llama& model, const AdamW& optimizer, const TrainingProgress& progress,
+    const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
     const Config& config, int64_t world_size,
     const std::function<void(const std::filesystem::path&)>& after_weights) const {
   std::filesystem::path final_path = path_of(progress.step);
@@ -47,7 +47,8 @@ std::filesystem::path CheckpointStore::save(
     std::filesystem::create_directories(directory_);
     remove_tree(temporary);
     std::filesystem::create_directory(temporary);
-    write_checkpoint(temporary, model, optimizer, progress, config, world_size, after_weights);
+    write_checkpoint(temporary, model, optimizer_state, progress, config, world_size,
+                     after_weights);
     fsync_directory(temporary);
     remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
     std::filesystem::rename(temporary, final_path);
@@ -114,7 +115,7 @@ std::optional<std::filesystem::path> CheckpointStore::newest_intact_before(int64
 }
 
 std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resume, Llama& model,
-                                                        AdamW& optimizer,
+                                                        Optimizer& optimizer,
                                                         const Config& config) const {
   if (resume.empty()) {
     if (const std::vector<int64_t> steps = saved_steps(); !steps.empty()) {

@@ -27,7 +27,7 @@ class CheckpointStore {
   // that was resumed from an earlier one, are not touched. A failed write removes its temporary
   // directory, leaves every saved checkpoint as it was, and throws a runtime error.
   std::filesystem::path save(
-      const Llama& model, const AdamW& optimizer, const TrainingProgress& progress,
+      const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
       const Config& config, int64_t world_size,
       const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
 
@@ -39,8 +39,8 @@ class CheckpointStore {
   // checkpoints already are (its own would be pruned against them and could replace them);
   // "auto" is the newest checkpoint (none: a fresh start), and a damaged newest one is refused
   // with the newest intact one named; anything else is a checkpoint directory.
-  std::optional<TrainingProgress> resume(const std::string& resume, Llama& model, AdamW& optimizer,
-                                         const Config& config) const;
+  std::optional<TrainingProgress> resume(const std::string& resume, Llama& model,
+                                         Optimizer& optimizer, const Config& config) const;
 
  private:
   std::vector<int64_t> saved_steps() const;  // newest first

@@ -59,8 +59,15 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
   app.add_flag("--plot", command_line.plot,
                "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
   app.add_flag("--dry-run", command_line.dry_run,
-               "validate the config, build the model, print its precision,\n"
-               "parameters and FLOPs per token, and exit");
+               "validate the config, print the memory plan per rank, build the\n"
+               "model, print its precision, parameters and FLOPs per token, and exit");
+  app.add_option("--ranks", command_line.ranks,
+                 "the dry run's memory plan for this many ranks (default: as launched)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device-memory-gb", command_line.device_memory_gb,
+                 "the dry run's memory plan for GPUs of this many GB each, on\n"
+                 "a machine that need not have them (the model is not built)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--dump-config", command_line.dump_config,
                "print the effective config as YAML and exit");
 }
@@ -99,6 +106,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
           flag));
     }
   }
+  if ((command_line.ranks != 0 || command_line.device_memory_gb != 0) && !command_line.dry_run)
+    throw UserError("--ranks and --device-memory-gb shape the plan of --dry-run: add --dry-run");
   if (command_line.eval_only && !command_line.export_hf.empty())
     throw UserError("--eval-only and --export-hf are two commands: give one");
   return command_line;

@@ -6,7 +6,8 @@
 namespace mltrain {
 
 // mltrain CONFIG.yaml [--set section.key=value]... [--resume auto|PATH] [--eval-only]
-//         [--export-hf OUT_DIR] [--dry-run] [--dump-config] [--plot] [--help]
+//         [--export-hf OUT_DIR] [--dry-run [--ranks N] [--device-memory-gb GB]] [--dump-config]
+//         [--plot] [--help]
 struct CommandLine {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -14,6 +15,8 @@ struct CommandLine {
   bool eval_only = false;
   std::string export_hf;  // a directory to write the --resume weights to, for Hugging Face
   bool dry_run = false;
+  int ranks = 0;                // the dry run's memory plan: for this many ranks (0: as launched)
+  double device_memory_gb = 0;  // and this much memory per rank (0: this machine's device)
   bool dump_config = false;
   bool plot = false;
   bool help = false;

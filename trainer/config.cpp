@@ -210,6 +210,9 @@ const std::vector<KeySpec>& key_specs() {
           at_least(0)),
       key(&Config::train, &TrainConfig::max_bad_steps, "train.max_bad_steps",
           "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
+      key(&Config::train, &TrainConfig::activation_checkpointing, "train.activation_checkpointing",
+          "keep only each block's input in forward and recompute the block in backward: activation "
+          "memory falls several times for about a third more compute"),
 
       key(&Config::dist, &DistConfig::backend, "dist.backend",
           "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
@@ -221,6 +224,10 @@ const std::vector<KeySpec>& key_specs() {
           one_of({"auto", "true", "false"})),
       key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype",
           "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
+      key(&Config::dist, &DistConfig::zero_stage, "dist.zero_stage",
+          "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates "
+          "1/N of it, gradients are reduce-scattered and the weights all-gathered",
+          between(0, 1)),
       key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s",
           "seconds before a stuck collective is an error", at_least(1)),
   };
@@ -300,6 +307,10 @@ const std::vector<KeyAliases>& key_aliases() {
       {"train.keep_last", {"save_total_limit", "keep_latest_k"}},
       {"dist.backend", {"ddp_backend"}},
       {"dist.bucket_mb", {"bucket_cap_mb", "ddp_bucket_cap_mb"}},
+      {"dist.zero_stage", {"zero_optimization"}},
+      {"train.activation_checkpointing",
+       {"gradient_checkpointing", "activation_checkpoint", "recompute_activations",
+        "checkpoint_activations"}},
   };
   return aliases;
 }

@@ -48,6 +48,7 @@ struct TrainConfig {
   int64_t keep_every = 0;
   int64_t stop_at = 0;
   int64_t max_bad_steps = 5;
+  bool activation_checkpointing = false;
 };
 
 struct DistConfig {
@@ -55,6 +56,7 @@ struct DistConfig {
   double bucket_mb = 25.0;
   std::string overlap = "auto";
   std::string grad_dtype = "fp32";
+  int64_t zero_stage = 0;
   int64_t timeout_s = 600;
 };
 

@@ -7,8 +7,13 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <fstream>
+#include <limits>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -109,6 +114,25 @@ int64_t peak_memory_bytes(const c10::Device& device) {
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int64_t memory_per_rank(const c10::Device& device, int ranks_on_node) {
+  if (device.is_cuda())
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  // What the kernel could give without swapping (MemAvailable), rather than the physical memory:
+  // a shared machine or a container holds less.
+  int64_t available = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kib = 0;
+    if (key == "MemAvailable:" && meminfo >> kib) {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return available / std::max(ranks_on_node, 1);
 }
 
 }  // namespace mltrain

@@ -33,4 +33,8 @@ double peak_bf16_flops(const c10::Device& device);
 // on the CPU, in bytes.
 int64_t peak_memory_bytes(const c10::Device& device);
 
+// The memory one rank may plan with: a GPU's own memory, or the memory the machine has available
+// (/proc/meminfo's MemAvailable) shared by the ranks on this node.
+int64_t memory_per_rank(const c10::Device& device, int ranks_on_node);
+
 }  // namespace mltrain

@@ -3,20 +3,58 @@
 #include <spdlog/spdlog.h>
 #include <torch/version.h>
 
+#include <cmath>
+
+#include "common/error.h"
 #include "model/llama.h"
 #include "trainer/compute_settings.h"
 #include "trainer/device.h"
+#include "trainer/memory_plan.h"
 #include "trainer/model_summary.h"
 #include "trainer/precision.h"
 
 namespace mltrain {
+namespace {
 
-void dry_run(const Config& config) {
+// The plan, and what would make it fit where it does not: a dry run reports, and refuses nothing.
+void report(const MemoryPlan& plan, const Config& config) {
+  spdlog::info("{}", describe(plan));
+  try {
+    check_fits(plan, config);
+  } catch (const UserError& error) {
+    spdlog::warn("{}", error.what());
+  }
+}
+
+}  // namespace
+
+void dry_run(const Config& config, const World& world, const DryRunTarget& target) {
   apply_compute_settings(config.train);
+  const int ranks = target.ranks > 0 ? target.ranks : world.size;
+  if (target.device_memory_gb > 0) {
+    const PrecisionChoice precision =
+        choose_precision(config.train.precision, c10::Device(c10::kCUDA), CpuBf16::emulated);
+    const MemoryPlan plan =
+        plan_memory(config, {.ranks = ranks,
+                             .cuda = true,
+                             .bf16 = precision.bf16,
+                             .device_memory = std::llround(target.device_memory_gb * 1e9)});
+    report(plan, config);
+    spdlog::info("dry run: the config is valid; planned for {} GPUs of {} GB, nothing was built",
+                 ranks, target.device_memory_gb);
+    return;
+  }
   const c10::Device device = resolve_device(config.train.device);
   spdlog::info("mltrain {} on LibTorch {}, device {}", MLTRAIN_VERSION, TORCH_VERSION,
                describe_device(device));
-  log_precision(precision_on_this_machine(config.train.precision, device));
+  const PrecisionChoice precision = precision_on_this_machine(config.train.precision, device);
+  log_precision(precision);
+  const int ranks_on_node = target.ranks > 0 ? ranks : world.local_size;
+  report(plan_memory(config, {.ranks = ranks,
+                              .cuda = device.is_cuda(),
+                              .bf16 = precision.bf16,
+                              .device_memory = memory_per_rank(device, ranks_on_node)}),
+         config);
 
   Llama model(config.model);
   model->to(device);

@@ -29,7 +29,7 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
     if (command_line.dump_config) {
       fmt::print("{}", config_to_yaml(config));
     } else if (command_line.dry_run) {
-      dry_run(config);
+      dry_run(config, world, {command_line.ranks, command_line.device_memory_gb});
     } else if (command_line.plot) {
       draw_loss_curve(config.train.run_dir);
     } else if (command_line.eval_only) {

@@ -23,10 +23,12 @@
 #include "trainer/evaluation.h"
 #include "trainer/loss_plot.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/memory_plan.h"
 #include "trainer/metrics_log.h"
 #include "trainer/precision.h"
 #include "trainer/run_data.h"
 #include "trainer/run_schedule.h"
+#include "trainer/sharded_adamw.h"
 #include "trainer/stop_signal.h"
 #include "trainer/train_step.h"
 
@@ -34,9 +36,6 @@ namespace mltrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The first bucket is small so that the first all-reduce starts early in backward.
-constexpr double kFirstBucketMb = 1.0;
 
 double seconds_between(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
@@ -135,7 +134,7 @@ class TrainingRun {
   CheckpointStore checkpoints_;
   Llama model_{nullptr};
   std::vector<at::Tensor> parameters_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<MetricsLog> metrics_;
@@ -170,6 +169,14 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       tokens_per_step_(layout_.global_batch() * config.data.seq_len) {
   check_batch_fits(layout_, train_windows_);
   check_tokenizer(config);
+  // Before anything large is allocated: a run that cannot fit stops here, saying what would fit.
+  const MemoryPlan memory_plan =
+      plan_memory(config, {.ranks = world.size,
+                           .cuda = device_.is_cuda(),
+                           .bf16 = precision_.bf16,
+                           .device_memory = memory_per_rank(device_, world.local_size)});
+  if (leader_) spdlog::info("{}", describe(memory_plan));
+  check_fits(memory_plan, config);
   // A run that is surely fresh checks where its weights come from before it makes anything.
   if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
   if (leader_) {
@@ -179,12 +186,29 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   at::manual_seed(config.data.seed);
   model_ = Llama(config.model);
   model_->to(device_);
+  model_->set_activation_checkpointing(config.train.activation_checkpointing);
   parameters_ = model_->parameters();
   flops_per_token_ =
       training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
-  optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_),
-                                       AdamWOptions{config.optim.beta1, config.optim.beta2,
-                                                    config.optim.eps, config.optim.weight_decay});
+  // The reducer comes first: sharded, it moves the parameters into its buckets, whose parts the
+  // optimizer then holds.
+  const bool sharded = shards_optimizer(config, world.size);
+  if (config.dist.zero_stage == 1 && !sharded)
+    spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
+  reducer_ = std::make_unique<GradReducer>(
+      parameters_, *communicator_,
+      ReducerOptions{.bucket_mb = config.dist.bucket_mb,
+                     .overlap = overlap_all_reduce(config.dist.overlap, device_),
+                     .compress_bf16 = config.dist.grad_dtype == "bf16" && world.size > 1,
+                     .shard = sharded});
+  const AdamWOptions adamw{config.optim.beta1, config.optim.beta2, config.optim.eps,
+                           config.optim.weight_decay};
+  if (sharded) {
+    optimizer_ = std::make_unique<ShardedAdamW>(hf_named_parameters(model_), *reducer_,
+                                                *communicator_, adamw);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_), adamw);
+  }
   if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) {
     progress_ = *resumed;
     if (!config.init_from.empty()) {
@@ -200,10 +224,6 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   }
   schedule_.emplace(config.train, progress_.step);
   agree_across_ranks();
-  reducer_ = std::make_unique<GradReducer>(parameters_, *communicator_, config.dist.bucket_mb,
-                                           kFirstBucketMb,
-                                           overlap_all_reduce(config.dist.overlap, device_),
-                                           config.dist.grad_dtype == "bf16" && world.size > 1);
   loader_ = std::make_unique<Loader>(
       train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,
       progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
@@ -239,6 +259,11 @@ void TrainingRun::announce() {
                model_->num_parameters(), flops_per_token_ / 1e6, world_.size,
                describe_device(device_));
   log_precision(precision_);
+  spdlog::info("optimizer: AdamW, {:.1f} MB of state on this rank{}",
+               static_cast<double>(optimizer_->state_bytes()) / 1e6,
+               shards_optimizer(config_, world_.size)
+                   ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
+                   : "");
   spdlog::info(
       "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
       "training data",
@@ -251,6 +276,7 @@ void TrainingRun::announce() {
                      {"parameters", model_->num_parameters()},
                      {"tokens_per_step", tokens_per_step_},
                      {"world_size", world_.size},
+                     {"optimizer_state_bytes", optimizer_->state_bytes()},
                      {"device", describe_device(device_)}});
   }
 }
@@ -304,7 +330,7 @@ StepResult TrainingRun::train_step(int64_t step) {
   result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
   result.forward_backward_ms = seconds_between(started, accumulated) * 1e3 - result.data_ms;
   if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
-  result.grad_norm = clip_grad_norm(parameters_, config_.optim.grad_clip);
+  result.grad_norm = optimizer_->clip_gradients(config_.optim.grad_clip);
   result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
   // A non-finite loss or gradient would poison the weights and the moments for good: the update
   // is skipped, on the device. Every rank sees the same averaged loss and gradients, so all skip
@@ -312,6 +338,7 @@ StepResult TrainingRun::train_step(int64_t step) {
   const at::Tensor skip =
       at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
   optimizer_->step(result.lr, skip);
+  reducer_->gather_parameters();  // sharded: every rank's updated part to every rank
   reducer_->zero_grad();
   result.optimizer_ms = seconds_since(accumulated) * 1e3;
   return result;
@@ -441,9 +468,11 @@ std::filesystem::path TrainingRun::save_checkpoint() {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
+  // Every rank takes part in gathering a sharded state; rank 0 gets it.
+  const OptimizerState optimizer_state = optimizer_->state();
   std::filesystem::path path;  // known to rank 0, the one that reports it
   if (leader_) {
-    path = checkpoints_.save(model_, *optimizer_, progress_, config_, world_.size,
+    path = checkpoints_.save(model_, optimizer_state, progress_, config_, world_.size,
                              hooks_.during_checkpoint_write);
     spdlog::info("checkpoint: {}", path.string());
   }

@@ -32,8 +32,7 @@ TEST(GradReducer, PacksParametersInReverseOrderIntoSizedBuckets) {
   // 1 MiB = 262,144 fp32 values. Reversed, the sizes are 100k, 200k, 300k, 50k, 400k, 150k.
   const auto parameters =
       parameters_of_sizes({150'000, 400'000, 50'000, 300'000, 200'000, 100'000});
-  GradReducer reducer(parameters, *communicator, /*bucket_mb=*/2.0, /*first_bucket_mb=*/1.0,
-                      /*overlap=*/true);
+  GradReducer reducer(parameters, *communicator, {.bucket_mb = 2.0, .first_bucket_mb = 1.0});
   // First bucket up to 1 MiB: 100k + 200k would pass it, so 100k alone; then up to 2 MiB (524,288
   // values): 200k + 300k; then 50k + 400k; then 150k. Each gradient is a view of its bucket: the
   // gradients of one bucket share a storage of the bucket's size, each at its offset.
@@ -60,7 +59,7 @@ TEST(GradReducer, BackwardAccumulatesIntoTheBuckets) {
   const World world;
   const auto communicator = make_communicator(world);
   const auto parameters = parameters_of_sizes({3, 4});
-  GradReducer reducer(parameters, *communicator, 1.0, 1.0, true);
+  GradReducer reducer(parameters, *communicator, {.bucket_mb = 1.0});
   for (int micro = 0; micro < 2; ++micro) {
     reducer.set_sync(micro == 1);
     ((parameters[0] * 2).sum() + (parameters[1] * 3).sum()).backward();
@@ -81,7 +80,7 @@ TEST(GradReducer, AReplacedGradIsCopiedBackIntoItsBucket) {
   const World world;
   const auto communicator = make_communicator(world);
   const auto parameters = parameters_of_sizes({3, 4});
-  GradReducer reducer(parameters, *communicator, 1.0, 1.0, true);
+  GradReducer reducer(parameters, *communicator, {.bucket_mb = 1.0});
   const at::Tensor bucket = at::empty({0}).set_(parameters[0].grad().storage());
   const auto backward = [&] { ((parameters[0] * 2).sum() + (parameters[1] * 3).sum()).backward(); };
 

@@ -29,8 +29,11 @@ std::vector<at::Tensor> reduced_gradients(const World& ranks, const at::Tensor& 
   at::manual_seed(7);
   Llama model(testing::tiny_config());
   const auto communicator = make_communicator(ranks);
-  GradReducer reducer(model->parameters(), *communicator, /*bucket_mb=*/0.05,
-                      /*first_bucket_mb=*/0.01, overlap, compress_bf16);
+  GradReducer reducer(model->parameters(), *communicator,
+                      {.bucket_mb = 0.05,
+                       .first_bucket_mb = 0.01,
+                       .overlap = overlap,
+                       .compress_bf16 = compress_bf16});
   std::set<const void*> buckets;  // each bucket is the storage of its parameters' gradients
   for (const at::Tensor& parameter : model->parameters())
     buckets.insert(parameter.grad().storage().data());
@@ -82,7 +85,7 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
 TEST(MpiGradReducer, AveragesAGradientThatWasReplaced) {
   torch::nn::Linear layer(torch::nn::LinearOptions(3, 2).bias(false));
   const auto communicator = make_communicator(world);
-  GradReducer reducer(layer->parameters(), *communicator, 1.0, 1.0, /*overlap=*/true);
+  GradReducer reducer(layer->parameters(), *communicator, {.bucket_mb = 1.0});
   const at::Tensor weight = layer->weight;
   const at::Tensor bucket_view = weight.grad();
   if (world.rank == 1) layer->zero_grad();  // .grad undefined on one rank only

@@ -18,7 +18,7 @@ const World& world = testing::mpi_world;
 
 // A directory both ranks see, emptied by rank 0 before the test.
 std::filesystem::path shared_directory(Communicator& communicator) {
-  const std::filesystem::path directory = MLTRAIN_MPI_TEST_DIR;
+  const std::filesystem::path directory = testing::mpi_test_directory();
   if (world.rank == 0) {
     remove_tree(directory);
     std::filesystem::create_directories(directory);

@@ -28,8 +28,8 @@ TEST(CudaStep, GradientsStayViewsIntoTheirBucketsAfterBackward) {
   Llama model(testing::tiny_config());
   model->to(cuda);
   const auto communicator = make_communicator(World());
-  GradReducer reducer(model->parameters(), *communicator, /*bucket_mb=*/0.05,
-                      /*first_bucket_mb=*/0.01, /*overlap=*/true);
+  GradReducer reducer(model->parameters(), *communicator,
+                      {.bucket_mb = 0.05, .first_bucket_mb = 0.01});
   std::vector<at::Tensor> views;
   for (const at::Tensor& parameter : model->parameters()) views.push_back(parameter.grad());
   // Options with a device but no dtype give float, not long: the dtype is named.

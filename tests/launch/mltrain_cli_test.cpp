@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
 
 namespace mltrain {
 namespace {
@@ -90,6 +91,38 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   const CommandResult both = mltrain(kBase + " --resume auto --eval-only --export-hf out");
   EXPECT_EQ(both.exit_code, kExitUserError);
   EXPECT_CONTAINS(both.output, "--eval-only and --export-hf are two commands: give one");
+  const CommandResult plan_only = mltrain(kBase + " --ranks 8 --device-memory-gb 80");
+  EXPECT_EQ(plan_only.exit_code, kExitUserError);
+  EXPECT_CONTAINS(plan_only.output, "--ranks and --device-memory-gb shape the plan of --dry-run");
+  const CommandResult no_ranks = mltrain(kBase + " --dry-run --ranks 0");
+  EXPECT_EQ(no_ranks.exit_code, kExitUserError);
+  EXPECT_CONTAINS(no_ranks.output, "--ranks");
+}
+
+// A model far beyond this machine's memory: one line that says so and what would fit, exit 2,
+// before anything is allocated or written.
+TEST(MltrainCli, ARunWhosePlanCannotFitStopsBeforeItAllocates) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.model.d_model = 8192;
+  config.model.n_layers = 1000;
+  config.model.n_q_heads = 64;
+  config.model.head_dim = 128;
+  config.model.d_ffn = 28672;
+  testing::write_text(dir / "run.yaml", config_to_yaml(config));
+  const CommandResult run = mltrain((dir / "run.yaml").string());
+  EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
+  EXPECT_CONTAINS(run.output, "the memory plan needs ");
+  EXPECT_CONTAINS(run.output, "nothing in the config makes it fit");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "nothing may be written";
+}
+
+TEST(MltrainCli, DryRunPlansForGpusThisMachineNeedNotHave) {
+  const CommandResult plan = mltrain(kBase + " --dry-run --ranks 8 --device-memory-gb 4");
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_CONTAINS(plan.output, "35926528 parameters, 8 ranks on CUDA, bf16 autocast");
+  EXPECT_CONTAINS(plan.output, "of 4.00 GB per rank: does NOT fit");
+  EXPECT_CONTAINS(plan.output, "it would fit with train.activation_checkpointing=true");
 }
 
 TEST(MltrainCli, UnknownFlagIsOneLineAndExitTwo) {

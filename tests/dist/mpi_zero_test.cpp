@@ -1,0 +1,145 @@
+// The sharded (ZeRO-1) reducer and optimizer across ranks: run by ctest under `mpirun -n 2` and
+// `mpirun -n 3` on the CPU (MPI backend).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "dist/grad_reducer.h"
+#include "dist/world.h"
+#include "model/hf_state_dict.h"
+#include "model/llama.h"
+#include "model/safetensors.h"
+#include "tests/dist/mpi_test_world.h"
+#include "tests/model/tiny_config.h"
+#include "tests/support/test_support.h"
+#include "trainer/sharded_adamw.h"
+
+namespace mltrain {
+namespace {
+
+const World& world = testing::mpi_world;
+
+// Rank `rank`'s windows: its own draw, that any rank can make again.
+at::Tensor windows_of(int rank) {
+  at::manual_seed(100 + rank);
+  return at::randint(testing::tiny_config().vocab_size, {2, 17});
+}
+
+void backward_on(Llama& model, const at::Tensor& windows) {
+  next_token_loss(model(windows.narrow(1, 0, 16)), windows.narrow(1, 1, 16)).backward();
+}
+
+Llama fresh_model() {
+  at::manual_seed(7);
+  return Llama(testing::tiny_config());
+}
+
+TEST(ShardedReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  // The reference: every rank's gradient, computed here, averaged.
+  Llama reference = fresh_model();
+  for (int rank = 0; rank < world.size; ++rank) backward_on(reference, windows_of(rank));
+  const std::vector<at::Tensor> reference_parameters = reference->parameters();
+
+  Llama model = fresh_model();
+  const auto communicator = make_communicator(world);
+  GradReducer reducer(model->parameters(), *communicator,
+                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true});
+  ASSERT_GT(reducer.shards().size(), 2u) << "the test should cover several buckets";
+  backward_on(model, windows_of(world.rank));
+  reducer.finish();
+
+  for (const GradReducer::BucketShard& shard : reducer.shards()) {
+    // The whole bucket's averaged gradient, laid out as the bucket lays out its parameters.
+    at::Tensor expected = at::zeros({shard.bucket.numel()});
+    for (const GradReducer::Member& member : shard.members) {
+      const at::Tensor grad = reference_parameters[member.parameter].grad().flatten();
+      expected.narrow(0, member.offset, grad.numel()).copy_(grad / world.size);
+    }
+    EXPECT_EQ(shard.bucket.numel() % world.size, 0);
+    EXPECT_EQ(shard.elements * world.size, shard.bucket.numel());
+    EXPECT_EQ(shard.begin, shard.elements * world.rank);
+    EXPECT_LE(
+        testing::relative_error(shard.gradients, expected.narrow(0, shard.begin, shard.elements)),
+        1e-6);
+  }
+  // The parameters now live in the buckets, and keep their values.
+  const Llama untouched = fresh_model();
+  const std::vector<at::Tensor> original = untouched->parameters();
+  for (size_t i = 0; i < original.size(); ++i)
+    EXPECT_TRUE(at::equal(model->parameters()[i], original[i])) << "parameter " << i;
+}
+
+TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  Llama whole_model = fresh_model();
+  const AdamW whole(hf_named_parameters(whole_model), {});
+
+  Llama model = fresh_model();
+  const auto communicator = make_communicator(world);
+  GradReducer reducer(model->parameters(), *communicator,
+                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true});
+  const ShardedAdamW sharded(hf_named_parameters(model), reducer, *communicator, {});
+
+  // Two fp32 moments per parameter value, and one step count.
+  const int64_t values = whole_model->num_parameters();
+  EXPECT_EQ(whole.state_bytes(), 8 * values + 4);
+  // Each bucket pads to a multiple of the ranks: at most ranks - 1 values more per bucket.
+  const auto buckets = static_cast<int64_t>(reducer.shards().size());
+  const double share = static_cast<double>(8 * values) / world.size + 4;
+  EXPECT_GE(static_cast<double>(sharded.state_bytes()), share);
+  EXPECT_LE(static_cast<double>(sharded.state_bytes()), share + 8.0 * buckets);
+  // The parts are as long on every rank.
+  EXPECT_EQ(communicator->all_reduce_sum(static_cast<double>(sharded.state_bytes())),
+            world.size * static_cast<double>(sharded.state_bytes()));
+}
+
+// A sharded optimizer with its own model and reducer, as a run holds them.
+struct ShardedRun {
+  Llama model = fresh_model();
+  std::unique_ptr<Communicator> communicator = make_communicator(world);
+  GradReducer reducer{model->parameters(),
+                      *communicator,
+                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true}};
+  ShardedAdamW optimizer{hf_named_parameters(model), reducer, *communicator, {}};
+};
+
+TEST(ShardedAdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  ShardedRun run;
+  backward_on(run.model, windows_of(world.rank));
+  run.reducer.finish();
+  run.optimizer.step(1e-2, at::zeros({}));
+  run.reducer.gather_parameters();
+
+  const OptimizerState state = run.optimizer.state();
+  const std::filesystem::path saved = testing::mpi_test_directory() / "state";
+  if (world.rank != 0) {
+    EXPECT_TRUE(state.empty());
+  } else {
+    // The names and shapes of an unsharded AdamW's state, every moment touched by the step.
+    const AdamW whole(hf_named_parameters(fresh_model()), {});
+    ASSERT_EQ(state.size(), whole.state().size());
+    for (const auto& [name, tensor] : whole.state()) {
+      ASSERT_TRUE(state.contains(name)) << name;
+      EXPECT_EQ(state.at(name).sizes(), tensor.sizes()) << name;
+      if (name.ends_with(".step")) EXPECT_EQ(state.at(name).item<float>(), 1.0f) << name;
+      if (name.ends_with(".exp_avg_sq"))
+        EXPECT_GT(state.at(name).min().item<float>(), 0.0f) << name;
+    }
+    std::filesystem::create_directories(saved.parent_path());
+    save_safetensors(saved, state);
+  }
+  run.communicator->all_reduce_sum(0.0);  // the file is there
+
+  // Loaded on every rank into fresh optimizers, and gathered again: each part went to its place.
+  ShardedRun resumed;
+  resumed.optimizer.load_state(load_safetensors(saved), saved.string());
+  const OptimizerState again = resumed.optimizer.state();
+  if (world.rank == 0) {
+    ASSERT_EQ(again.size(), state.size());
+    for (const auto& [name, tensor] : state) EXPECT_TRUE(at::equal(again.at(name), tensor)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,128 @@
+// ZeRO-1 (dist.zero_stage 1) as a user runs it: mltrain under mpirun on 2 and 3 CPU ranks against
+// one rank without sharding, and its checkpoints resumed on other numbers of ranks, sharded or not.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+
+namespace mltrain {
+namespace {
+
+using testing::TemporaryDirectory;
+
+constexpr int64_t kSteps = 30;
+constexpr int64_t kGlobalBatch = 12;  // windows per step: divides among 1, 2 and 3 ranks
+
+// The tiny run with buckets of about 1,300 values, so that the ranks' parts of a bucket begin and
+// end inside matrices and vectors, and bucket sizes that 3 ranks do not divide get padded.
+std::string write_config(const TemporaryDirectory& dir) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = kSteps;
+  config.train.log_every = 1;
+  config.train.eval_every = 1000000;
+  config.train.ckpt_every = 1000000;
+  config.data.grad_accum = 2;
+  config.dist.bucket_mb = 0.005;
+  const auto path = dir / "run.yaml";
+  testing::write_text(path, config_to_yaml(config));
+  return path.string();
+}
+
+// mltrain on `ranks` CPU ranks (plainly for one), each with its share of the global batch.
+testing::CommandResult train(int ranks, const std::string& config, const std::string& run_dir,
+                             int zero_stage, const std::string& more = "") {
+  const std::string launcher =
+      ranks == 1 ? ""
+                 : "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                   "OMP_NUM_THREADS=1 " +
+                       std::string(MLTRAIN_MPIEXEC) + " " + std::to_string(ranks) + " ";
+  const int64_t micro_batch = kGlobalBatch / 2 / ranks;
+  return testing::run_command(
+      launcher + std::string(MLTRAIN_BIN_DIR) + "/mltrain " + config +
+      " --set train.run_dir=" + run_dir + " --set data.micro_batch=" + std::to_string(micro_batch) +
+      " --set dist.zero_stage=" + std::to_string(zero_stage) + " " + more + " 2>&1");
+}
+
+NamedTensors final_file(const std::filesystem::path& run_dir, const std::string& name) {
+  return load_safetensors(run_dir / "checkpoints" / "step_00000030" / name);
+}
+
+void expect_close(const NamedTensors& actual, const NamedTensors& expected, double tolerance,
+                  const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.contains(name)) << what << ": " << name << " missing";
+    EXPECT_LE(testing::relative_error(actual.at(name), tensor), tolerance) << what << ": " << name;
+  }
+}
+
+// The training loss of each logged step, the last record of a step winning.
+std::map<int64_t, double> losses(const std::filesystem::path& run_dir) {
+  std::map<int64_t, double> by_step;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.contains("loss") && !record.contains("skipped"))
+      by_step[record["step"].get<int64_t>()] = record["loss"].get<double>();
+  }
+  return by_step;
+}
+
+TEST(ZeroStageOne, TwoAndThreeShardedRanksTrainLikeOneRankWithout) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir);
+  const auto one = train(1, config, (dir / "one").string(), 0);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  // 2 and 3 ranks; and 2 ranks recomputing each block in backward, whose gradients must reach the
+  // sharded reducer's buckets as the stored activations' do.
+  for (const auto& [ranks, more] : {std::pair{2, ""}, std::pair{3, ""},
+                                    std::pair{2, "--set train.activation_checkpointing=true"}}) {
+    const std::string run_dir =
+        (dir / fmt::format("zero_{}{}", ranks, *more ? "_recompute" : "")).string();
+    const auto sharded = train(ranks, config, run_dir, 1, more);
+    ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+    const std::string what = fmt::format("{} sharded ranks {}", ranks, more);
+    expect_close(final_file(run_dir, "model.safetensors"),
+                 final_file(dir / "one", "model.safetensors"), 1e-5, what + ", weights");
+    // The gathered moments are one rank's: the state resumes anywhere.
+    expect_close(final_file(run_dir, "optimizer.safetensors"),
+                 final_file(dir / "one", "optimizer.safetensors"), 1e-5, what + ", moments");
+  }
+}
+
+TEST(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir);
+  const auto unbroken = train(1, config, (dir / "unbroken").string(), 0);
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  const auto first_half = train(2, config, (dir / "on_one").string(), 1, "--set train.stop_at=15");
+  ASSERT_EQ(first_half.exit_code, 0) << first_half.output;
+  std::filesystem::copy(dir / "on_one", dir / "on_three", std::filesystem::copy_options::recursive);
+
+  const auto on_one = train(1, config, (dir / "on_one").string(), 0, "--resume auto");
+  ASSERT_EQ(on_one.exit_code, 0) << on_one.output;
+  const auto on_three = train(3, config, (dir / "on_three").string(), 1, "--resume auto");
+  ASSERT_EQ(on_three.exit_code, 0) << on_three.output;
+
+  const std::map<int64_t, double> expected = losses(dir / "unbroken");
+  for (const std::string resumed : {"on_one", "on_three"}) {
+    expect_close(final_file(dir / resumed, "model.safetensors"),
+                 final_file(dir / "unbroken", "model.safetensors"), 1e-5, resumed);
+    // The same data order: each step after the resume sees the unbroken run's batch and loss.
+    const std::map<int64_t, double> seen = losses(dir / resumed);
+    for (int64_t step = 16; step <= kSteps; ++step) {
+      ASSERT_TRUE(seen.contains(step)) << resumed << " step " << step;
+      EXPECT_NEAR(seen.at(step), expected.at(step), 1e-5 * expected.at(step))
+          << resumed << " step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mltrain

@@ -1,0 +1,124 @@
+// The memory plan against closed-form counts for the base model, and its activation estimate
+// against the bytes the CPU allocator hands out for one micro-batch's graph.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "model/llama.h"
+#include "tests/support/cpu_allocation_counter.h"
+#include "tests/support/test_support.h"
+#include "trainer/memory_plan.h"
+#include "trainer/precision.h"
+
+namespace mltrain {
+namespace {
+
+// A model with the base model's proportions at a size a unit test can run.
+ModelConfig small_base() {
+  ModelConfig model;
+  model.vocab_size = 256;
+  model.d_model = 128;
+  model.n_layers = 4;
+  model.n_q_heads = 4;
+  model.n_kv_heads = 2;
+  model.head_dim = 16;
+  model.d_ffn = 352;
+  model.max_seq_len = 128;
+  return model;
+}
+
+// The bytes one micro-batch's loss and its graph hold after forward.
+int64_t measured_activations(const ModelConfig& config, int64_t batch, int64_t length, bool bf16,
+                             bool checkpointing) {
+  at::manual_seed(0);
+  Llama model(config);
+  model->set_activation_checkpointing(checkpointing);
+  const at::Tensor tokens = at::randint(config.vocab_size, {batch, length + 1});
+  const at::Tensor inputs = tokens.narrow(1, 0, length).contiguous();
+  const at::Tensor targets = tokens.narrow(1, 1, length).contiguous();
+  const testing::CpuAllocationCounter counter;
+  at::Tensor loss;
+  {
+    const AutocastGuard autocast(c10::kCPU, bf16);
+    loss = model->loss(inputs, targets);
+  }
+  return counter.allocated_bytes();
+}
+
+constexpr int64_t kBaseParameters = 35'926'528;  // the 0.04B MiniLLaMA, as Hugging Face counts it
+
+TEST(ModelConfig, CountsTheParametersOfTheModelItDescribes) {
+  EXPECT_EQ(ModelConfig().parameters(), kBaseParameters);
+  ModelConfig untied = small_base();
+  untied.tie_word_embeddings = false;
+  for (const ModelConfig& config : {small_base(), untied})
+    EXPECT_EQ(config.parameters(), Llama(config)->num_parameters());
+}
+
+TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
+  Config config;  // the base model
+  const int64_t p = kBaseParameters;
+  const int64_t eighth = (p + 7) / 8;
+  const MemoryPlan plain = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
+  EXPECT_EQ(plain.weights, 4 * p);
+  EXPECT_EQ(plain.gradients, 4 * p);
+  EXPECT_EQ(plain.optimizer, 8 * p);
+  EXPECT_EQ(plain.optimizer_sharded, 8 * eighth);
+
+  config.dist.zero_stage = 1;
+  const MemoryPlan sharded = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
+  EXPECT_EQ(sharded.optimizer, 8 * eighth);
+  EXPECT_EQ(sharded.gradients, 4 * p + 4 * eighth);  // the buckets, and this rank's averaged part
+  EXPECT_EQ(sharded.total() - plain.total(), 8 * eighth + 4 * eighth - 8 * p);
+}
+
+TEST(MemoryPlan, ActivationsMatchWhatTheGraphOfAMicroBatchHolds) {
+  const ModelConfig model = small_base();
+  const int64_t batch = 4;
+  const int64_t length = 64;
+  for (const bool bf16 : {false, true}) {
+    for (const bool checkpointing : {false, true}) {
+      const int64_t measured = measured_activations(model, batch, length, bf16, checkpointing);
+      const int64_t planned =
+          activation_bytes(model, batch * length, bf16, checkpointing) +
+          working_bytes(model, batch * length, /*chunked_loss=*/true, bf16, checkpointing);
+      EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(planned), 0.05 * measured)
+          << (bf16 ? "bf16" : "fp32") << (checkpointing ? ", checkpointing" : "");
+    }
+  }
+}
+
+TEST(MemoryPlan, CheckpointingCutsTheBaseModelsActivationsManyTimes) {
+  const int64_t tokens = 16 * 1024;
+  for (const bool bf16 : {false, true}) {
+    const double kept = static_cast<double>(activation_bytes(ModelConfig(), tokens, bf16, false));
+    EXPECT_GT(kept / static_cast<double>(activation_bytes(ModelConfig(), tokens, bf16, true)), 3.0);
+  }
+}
+
+TEST(MemoryPlan, APlanThatDoesNotFitNamesWhatWouldMakeItFit) {
+  Config config;
+  config.train.device = "cuda";
+  const PlanTarget roomy{.ranks = 8, .cuda = true, .bf16 = true, .device_memory = 80'000'000'000};
+  EXPECT_NO_THROW(check_fits(plan_memory(config, roomy), config));
+  // Activations dominate at 16 x 1024 tokens: checkpointing, or fewer sequences, fit 4 GB.
+  PlanTarget small = roomy;
+  small.device_memory = 4'000'000'000;
+  const MemoryPlan plan = plan_memory(config, small);
+  ASSERT_FALSE(plan.fits());
+  try {
+    check_fits(plan, config);
+    FAIL() << "a plan over the device's memory must be refused";
+  } catch (const UserError& error) {
+    const std::string message = error.what();
+    EXPECT_CONTAINS(message, "per rank but a rank has 4.00 GB");
+    EXPECT_CONTAINS(message, "train.activation_checkpointing=true");
+    EXPECT_CONTAINS(message, "data.micro_batch=");
+    Config fixed = config;
+    fixed.train.activation_checkpointing = true;
+    EXPECT_TRUE(plan_memory(fixed, small).fits());
+  }
+}
+
+}  // namespace
+}  // namespace mltrain

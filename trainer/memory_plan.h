@@ -1,0 +1,73 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/model_config.h"
+#include "trainer/config.h"
+
+namespace mltrain {
+
+// Where a plan is for: how many ranks, on which kind of device, in which precision, and one
+// rank's share of the device's memory when known.
+struct PlanTarget {
+  int ranks = 1;
+  bool cuda = false;
+  bool bf16 = false;
+  std::optional<int64_t> device_memory;
+};
+
+// What one rank of a run will hold, in bytes, counted from the config before anything is
+// allocated: the closed forms below, which the tests hold against the tensors themselves and
+// against the bytes the CPU allocator hands out.
+struct MemoryPlan {
+  int64_t parameters = 0;
+  PlanTarget target;
+  bool sharded = false;  // dist.zero_stage 1
+  bool activation_checkpointing = false;
+  int64_t runtime = 0;                   // the libraries, the CUDA context and buffers: an estimate
+  int64_t weights = 0;                   // fp32 master weights
+  int64_t gradients = 0;                 // fp32 buckets, and this rank's averaged part when sharded
+  int64_t optimizer = 0;                 // AdamW's two moments at the configured zero_stage
+  int64_t optimizer_unsharded = 0;       // the same at zero_stage 0
+  int64_t optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
+  int64_t activations = 0;               // kept for backward, per micro-batch, as configured
+  int64_t activations_kept_all = 0;      // without activation checkpointing
+  int64_t activations_checkpointed = 0;  // with it
+  int64_t working = 0;                   // working_bytes, and a recomputed block's activations
+
+  int64_t total() const {
+    return runtime + weights + gradients + optimizer + activations + working;
+  }
+  bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
+};
+
+// The bytes the autograd graph of one micro-batch keeps for backward, for `tokens` tokens
+// (micro_batch x seq_len): every block's saved inputs of its products, norms, attention and
+// SwiGLU, in fp32 or, under bf16 autocast, as the autocast casts keep them.
+int64_t activation_bytes(const ModelConfig& model, int64_t tokens, bool bf16,
+                         bool activation_checkpointing);
+
+// Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
+// than one rank (one rank has nothing to share the state with).
+bool shards_optimizer(const Config& config, int ranks);
+
+// The bytes held besides the activations from forward to backward, whatever the micro-batch's
+// layout: the weights' bf16 casts, and the loss's buffers (the chunked loss's weight gradient, or
+// the whole logits and their gradients without it).
+int64_t working_bytes(const ModelConfig& model, int64_t tokens, bool chunked_loss, bool bf16,
+                      bool activation_checkpointing);
+
+// The plan of a run of `config` on `target`.
+MemoryPlan plan_memory(const Config& config, const PlanTarget& target);
+
+// The plan as a table for the log: each part, with and without ZeRO-1 and checkpointing, the
+// total against the device's memory.
+std::string describe(const MemoryPlan& plan);
+
+// Throws a UserError when the plan does not fit its device's memory, naming what would make it
+// fit: ZeRO-1 (with more ranks), activation checkpointing, a smaller micro-batch.
+void check_fits(const MemoryPlan& plan, const Config& config);
+
+}  // namespace mltrain
