@@ -6,15 +6,19 @@
 #
 #   bench/memory_saving.sh [--ranks R] [--steps N] [--model 300m|small] [--log FILE]
 #
-# Per configuration:
+# Two passes. The memory pass runs each configuration at both micro-batches with glibc returning
+# every freed block over 64 KiB to the system (MALLOC_MMAP_THRESHOLD_), so that the resident set
+# follows the live tensors rather than what the allocator keeps for reuse; it reports
 #   - the optimizer state per rank, as mltrain counts its tensors (metrics.jsonl's start record);
-#   - each rank's peak RSS over the whole process (bench/memory.sh --peak-of), at both
-#     micro-batches;
-#   - the activation memory per micro-batch: the growth of the peak RSS from the smaller
+#   - rank 0's peak RSS over the training steps (mltrain's own peak_memory_bytes, before the final
+#     checkpoint, whose gathering of a sharded state is not training);
+#   - each rank's peak RSS over the whole process (bench/memory.sh --peak-of);
+#   - the activation memory per micro-batch: the growth of rank 0's training peak from the smaller
 #     micro-batch to the larger, scaled to the larger, which leaves out everything that does not
-#     grow with the batch (weights, gradients, optimizer state, libraries);
-#   - the median step time at the larger micro-batch, after the first step.
-# Configurations run interleaved, batch by batch, so that drift in the machine's speed falls on all.
+#     grow with the batch (weights, gradients, optimizer state, libraries).
+# The time pass runs each configuration at the larger micro-batch, as it would run, twice, the
+# configurations interleaved so that drift in the machine's speed falls on all; it reports the
+# median step time after the first step, over both.
 #
 # Environment:
 #   BENCH_SAVING_BATCHES  the two micro_batch x seq_len per rank (default "1x256 2x256")
@@ -63,11 +67,13 @@ work=$(mktemp -d /tmp/memory_saving.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 log=${log:-$work/memory_saving.log}
 
-# One run: name micro_batch seq_len settings... Prints "optimizer_bytes B", "step_ms MS" and
-# "rss_kib RANK KIB" per rank; its output goes to the log.
+# One run: name micro_batch seq_len settings... Prints "optimizer_bytes B", "train_peak B",
+# "step_ms MS" and "rss_kib RANK KIB" per rank; its output goes to the log. MALLOC_MMAP_THRESHOLD_
+# from the environment reaches every rank.
 run() {
-  local name=$1 micro=$2 seq=$3 run_dir=$work/run sets=() setting rank
+  local name=$1 micro=$2 seq=$3 run_dir=$work/run sets=() setting rank environment=()
   shift 3
+  [[ -n ${MALLOC_MMAP_THRESHOLD_:-} ]] && environment=(-x MALLOC_MMAP_THRESHOLD_)
   rm -rf "$run_dir" "$work"/peak.*
   for setting in "$@" \
     model.vocab_size="${dims[0]}" model.d_model="${dims[1]}" model.n_layers="${dims[2]}" \
@@ -80,7 +86,7 @@ run() {
     train.ckpt_every=1000000 train.stop_at="$steps" train.run_dir="$run_dir" optim.warmup_steps=1; do
     sets+=(--set "$setting")
   done
-  timeout "$run_timeout" "$mpirun" --oversubscribe --bind-to none -n "$ranks" \
+  timeout "$run_timeout" "$mpirun" --oversubscribe --bind-to none -n "$ranks" "${environment[@]}" \
     bash "$repo/bench/memory.sh" --peak-of "$work/peak" \
     "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" >>"$log" 2>&1 || return
   "$python" - "$run_dir/metrics.jsonl" <<'PY'
@@ -89,7 +95,8 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 start = next(r for r in rows if r.get("event") == "start")
 print(f"optimizer_bytes {start['optimizer_state_bytes']}")
 PY
-  "$python" "$repo/bench/metrics_summary.py" "$run_dir/metrics.jsonl" --warmup 1 | grep '^step_ms '
+  "$python" "$repo/bench/metrics_summary.py" "$run_dir/metrics.jsonl" --warmup 1 |
+    sed -n 's/^peak_memory_bytes /train_peak /p; /^step_ms /p'
   for ((rank = 0; rank < ranks; ++rank)); do
     [[ -s $work/peak.$rank ]] && echo "rss_kib $rank $(cat "$work/peak.$rank")"
   done
@@ -99,76 +106,93 @@ PY
 results=$work/results.txt
 : >"$results"
 failed=0
+# One run, its figures appended to the results as "pass name batch key value...".
+measure() {
+  local pass=$1 name=$2 batch=$3 result="" settings
+  read -r -a settings <<<"$4"
+  echo "=== $pass: $name, $batch" >>"$log"
+  result=$(run "$name" "${batch%x*}" "${batch#*x}" "${settings[@]}") ||
+    { echo "=== failed" >>"$log"; failed=1; }
+  printf '%s\n' "$result" >>"$log"
+  [[ -z $result ]] && failed=1
+  sed "s/^/$pass $name $batch /" <<<"$result" >>"$results"
+  echo "[memory_saving] $pass: $name at $batch: $(tr '\n' ' ' <<<"${result:-no result (see the log)}")" >&2
+}
 echo "[memory_saving] $model model, $ranks rank(s) of $threads thread(s), $steps steps;" \
   "batches $batches; log: $log" >&2
 for batch in $batches; do
-  micro=${batch%x*} seq=${batch#*x}
   for config in "${configs[@]}"; do
-    name=${config%%:*}
-    read -r -a settings <<<"${config#*:}"
-    echo "=== $name, micro_batch $micro, seq_len $seq" >>"$log"
-    result=""
-    result=$(run "$name" "$micro" "$seq" "${settings[@]}") || { echo "=== failed" >>"$log"; failed=1; }
-    printf '%s\n' "$result" >>"$log"
-    [[ -z $result ]] && failed=1
-    sed "s/^/$name $batch /" <<<"$result" >>"$results"
-    echo "[memory_saving] $name at $batch: $(tr '\n' ' ' <<<"${result:-no result (see the log)}")" >&2
+    MALLOC_MMAP_THRESHOLD_=65536 measure memory "${config%%:*}" "$batch" "${config#*:}"
+  done
+done
+large=${batches##* }
+for round in 1 2; do
+  for config in "${configs[@]}"; do
+    measure "time$round" "${config%%:*}" "$large" "${config#*:}"
   done
 done
 
 "$python" - "$model" "$ranks" "$threads" "$steps" "$batches" "$results" <<'EOF' | tee -a "$log"
+import statistics
 import sys
 model, ranks, threads, steps, batches, results = sys.argv[1:7]
 small, large = batches.split()
 tokens = {b: int(b.split("x")[0]) * int(b.split("x")[1]) for b in (small, large)}
-figures = {}
+memory, times = {}, {}
 for line in open(results):
     words = line.split()
-    if len(words) < 4:
+    if len(words) < 5:
         continue
-    name, batch, key = words[0], words[1], words[2]
-    entry = figures.setdefault(name, {}).setdefault(batch, {"rss": {}})
-    if key == "rss_kib" and len(words) == 5 and words[4].isdigit():
-        entry["rss"][int(words[3])] = int(words[4]) / 1024
-    elif key in ("optimizer_bytes", "step_ms"):
-        entry[key] = float(words[3])
+    run, name, batch, key = words[0], words[1], words[2], words[3]
+    if run.startswith("time"):
+        if key == "step_ms":
+            times.setdefault(name, []).append(float(words[4]))
+        continue
+    entry = memory.setdefault(name, {}).setdefault(batch, {"rss": {}})
+    if key == "rss_kib" and len(words) == 6 and words[5].isdigit():
+        entry["rss"][int(words[4])] = int(words[5]) * 1024
+    elif key in ("optimizer_bytes", "train_peak"):
+        entry[key] = float(words[4])
 MiB = 2**20
-def peak(name, batch):
-    rss = figures.get(name, {}).get(batch, {}).get("rss", {})
-    return max(rss.values()) if rss else None
+def figure(name, batch, key):
+    return memory.get(name, {}).get(batch, {}).get(key)
 def activations(name):
-    a, b = peak(name, small), peak(name, large)
+    a, b = figure(name, small, "train_peak"), figure(name, large, "train_peak")
     if a is None or b is None:
         return None
     return (b - a) * tokens[large] / (tokens[large] - tokens[small])
+def step(name):
+    return statistics.median(times[name]) if times.get(name) else None
+def show(value, scale=MiB):
+    return "—" if value is None else f"{value / scale:,.0f}"
 print(f"\n### ZeRO-1 and activation checkpointing: {model} model, CPU, fp32\n")
-print(f"{ranks} ranks of {threads} thread(s), grad_accum 1, {steps} steps (the first is left "
-      f"out of the step time); MiB (2^20 bytes)\n")
-print(f"| configuration | optimizer state per rank | peak RSS per rank at {small} | at {large} | "
-      f"activations at {large} (growth of the peak) | step ms at {large} | step time vs plain |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-plain_step = figures.get("plain", {}).get(large, {}).get("step_ms")
+print(f"{ranks} ranks of {threads} thread(s), grad_accum 1, {steps} steps; memory in MiB (2^20 "
+      f"bytes), with MALLOC_MMAP_THRESHOLD_=65536; step time without it, the median of the "
+      f"steps after the first in two interleaved runs\n")
+print(f"| configuration | optimizer state per rank | rank 0's training peak at {small} | "
+      f"at {large} | process peak per rank at {large} | activations at {large} (growth of the "
+      f"training peak) | step ms at {large} | step time vs plain |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for name in ("plain", "zero1", "checkpointing"):
-    at_large = figures.get(name, {}).get(large, {})
-    optimizer = at_large.get("optimizer_bytes")
-    step = at_large.get("step_ms")
-    def show(value):
-        return "—" if value is None else f"{value:,.0f}"
-    ratio = f"{step / plain_step:.3f}x" if step and plain_step else "—"
-    print(f"| {name} | {show(optimizer / MiB if optimizer else None)} | {show(peak(name, small))} | "
-          f"{show(peak(name, large))} | {show(activations(name))} | {show(step)} | {ratio} |")
-plain, zero1, ckpt = (figures.get(n, {}).get(large, {}) for n in ("plain", "zero1", "checkpointing"))
+    rss = memory.get(name, {}).get(large, {}).get("rss", {})
+    per_rank = ", ".join(show(rss[r]) for r in sorted(rss)) if rss else "—"
+    ratio = f"{step(name) / step('plain'):.3f}x" if step(name) and step("plain") else "—"
+    print(f"| {name} | {show(figure(name, large, 'optimizer_bytes'))} | "
+          f"{show(figure(name, small, 'train_peak'))} | {show(figure(name, large, 'train_peak'))} | "
+          f"{per_rank} | {show(activations(name))} | {show(step(name), 1)} | {ratio} |")
 lines = []
-if plain.get("optimizer_bytes") and zero1.get("optimizer_bytes"):
-    lines.append(f"the optimizer state per rank falls {plain['optimizer_bytes'] / zero1['optimizer_bytes']:.2f}x "
-                 f"with ZeRO-1 at {ranks} ranks (goal: {ranks}x)")
+plain_state, zero1_state = figure("plain", large, "optimizer_bytes"), figure("zero1", large, "optimizer_bytes")
+if plain_state and zero1_state:
+    lines.append(f"the optimizer state per rank falls {plain_state / zero1_state:.2f}x with ZeRO-1 at "
+                 f"{ranks} ranks (goal: {ranks}x)")
 if activations("plain") and activations("checkpointing"):
     lines.append(f"activation checkpointing cuts the activation memory "
                  f"{activations('plain') / activations('checkpointing'):.1f}x (goal: at least 3x)")
-if ckpt.get("step_ms") and plain_step:
-    lines.append(f"for {100 * (ckpt['step_ms'] / plain_step - 1):.1f}% more step time (goal: under 40%)")
-if zero1.get("step_ms") and plain_step:
-    lines.append(f"ZeRO-1's step time is {zero1['step_ms'] / plain_step:.3f}x plain's")
+if step("checkpointing") and step("plain"):
+    lines.append(f"for {100 * (step('checkpointing') / step('plain') - 1):.1f}% more step time "
+                 f"(goal: under 40%)")
+if step("zero1") and step("plain"):
+    lines.append(f"ZeRO-1's step time is {step('zero1') / step('plain'):.3f}x plain's")
 print("\n" + "; ".join(lines) + "." if lines else "\nNo pair of results (see the log).")
 EOF
 

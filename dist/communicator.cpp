@@ -136,8 +136,7 @@ class MpiCommunicator : public Communicator {
                                                          const at::Tensor& output) override {
     check_mpi_tensor(input, "reduce-scatter");
     check_mpi_tensor(output, "reduce-scatter");
-    if (part_numel(input, world_.size) != output.numel())
-      throw std::invalid_argument("reduce-scatter: the output is not one rank's part of the input");
+    check_scatter_shapes(input, output, world_.size);
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(),
                                         static_cast<int>(output.numel()), type_of(input),
@@ -189,6 +188,11 @@ class MpiCommunicator : public Communicator {
 std::string collective_name(const std::string& collective, const at::Tensor& tensor) {
   return fmt::format("the {} of {} {} values", collective, tensor.numel(),
                      c10::toString(tensor.scalar_type()));
+}
+
+void check_scatter_shapes(const at::Tensor& input, const at::Tensor& output, int size) {
+  if (input.scalar_type() != output.scalar_type() || part_numel(input, size) != output.numel())
+    throw std::invalid_argument("reduce-scatter: the output is not one rank's part of the input");
 }
 
 int64_t part_numel(const at::Tensor& whole, int size) {

@@ -68,6 +68,10 @@ std::string collective_name(const std::string& collective, const at::Tensor& ten
 // if it cannot be cut so).
 int64_t part_numel(const at::Tensor& whole, int size);
 
+// Throws std::invalid_argument unless `output` can take one rank's part of a reduce-scatter of
+// `input` among `size` ranks: the same dtype, and a size-th of its elements.
+void check_scatter_shapes(const at::Tensor& input, const at::Tensor& output, int size);
+
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
 

@@ -133,23 +133,26 @@ void GradReducer::mark_ready(size_t parameter) {
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   if (bucket.pending == 0) throw std::logic_error("a gradient arrived twice in one backward");
   --bucket.pending;
-  if (options_.overlap) launch_ready_buckets(/*all=*/false);
+  if (options_.overlap) launch_ready_buckets();
 }
 
 // Launches buckets strictly in order, so that every rank issues the same sequence of collectives
 // whatever order its gradients arrive in.
-void GradReducer::launch_ready_buckets(bool all) {
-  while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
-    const size_t b = next_to_launch_++;
-    Bucket& bucket = buckets_[b];
-    if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
-    const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
-    if (options_.shard) {
-      const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : shards_[b].gradients;
-      bucket.work = communicator_.reduce_scatter_average(sent, part);
-    } else {
-      bucket.work = communicator_.all_reduce_average(sent);
-    }
+void GradReducer::launch_ready_buckets() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0)
+    launch_next_bucket();
+}
+
+void GradReducer::launch_next_bucket() {
+  const size_t b = next_to_launch_++;
+  Bucket& bucket = buckets_[b];
+  if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
+  const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
+  if (options_.shard) {
+    const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : shards_[b].gradients;
+    bucket.work = communicator_.reduce_scatter_average(sent, part);
+  } else {
+    bucket.work = communicator_.all_reduce_average(sent);
   }
 }
 
@@ -157,8 +160,13 @@ void GradReducer::finish() {
   // Parameters that backward did not reach have had no hook to check their .grad.
   for (size_t i = 0; i < parameters_.size(); ++i) keep_in_bucket(i);
   std::lock_guard lock(mutex_);
-  launch_ready_buckets(/*all=*/true);  // buckets with unused parameters, or all without overlap
   for (size_t b = 0; b < buckets_.size(); ++b) {
+    // The buckets that backward did not launch (all of them without overlap) go one at a time:
+    // each nonblocking MPI collective holds temporary buffers as large as its bucket until it
+    // completes, and all of them at once took as much memory again as the gradients
+    // (bench/RESULTS.md), for nothing: an MPI rank advances its collectives only inside its MPI
+    // calls, and NCCL's wait only orders the streams.
+    if (next_to_launch_ == b) launch_next_bucket();
     Bucket& bucket = buckets_[b];
     bucket.work->wait();
     bucket.work.reset();
@@ -175,10 +183,18 @@ void GradReducer::finish() {
 }
 
 void GradReducer::gather_parameters() {
-  std::vector<std::unique_ptr<CollectiveWork>> gathers;
-  for (const BucketShard& shard : shards_)
-    gathers.push_back(communicator_.all_gather(shard.bucket));
-  for (const auto& gather : gathers) gather->wait();
+  // A parameter whose storage was replaced (a module's to(), a load that assigns instead of
+  // copying) would no longer see its bucket, and every rank would train on stale weights alike.
+  for (const BucketShard& shard : shards_) {
+    const auto* first = static_cast<const char*>(shard.bucket.data_ptr());
+    for (const Member& member : shard.members) {
+      const void* place = first + member.offset * shard.bucket.element_size();
+      if (parameters_[member.parameter].data_ptr() != place)
+        throw std::logic_error("a sharded parameter no longer lives in its bucket");
+    }
+  }
+  // One bucket at a time, as finish() reduces them.
+  for (const BucketShard& shard : shards_) communicator_.all_gather(shard.bucket)->wait();
 }
 
 void GradReducer::zero_grad() {

@@ -71,8 +71,8 @@ class GradReducer {
   // before the last one (their gradients only accumulate locally).
   void set_sync(bool sync) { sync_ = sync; }
 
-  // After the last micro-step's backward: launches the buckets not yet launched (all of them
-  // without overlap), waits for every bucket, and readies the counters for the next step.
+  // After the last micro-step's backward: waits for every bucket, launching those not yet launched
+  // (all of them without overlap) one at a time, and readies the counters for the next step.
   void finish();
 
   // Zeroes the gradients in place (they must stay views into the buckets).
@@ -95,7 +95,8 @@ class GradReducer {
   void on_gradient(size_t parameter);
   void keep_in_bucket(size_t parameter);
   void mark_ready(size_t parameter);
-  void launch_ready_buckets(bool all);
+  void launch_ready_buckets();
+  void launch_next_bucket();
   void shard_bucket(size_t bucket);
 
   std::vector<at::Tensor> parameters_;

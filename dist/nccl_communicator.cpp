@@ -206,8 +206,7 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
                                                          const at::Tensor& output) override {
-    if (part_numel(input, world_.size) != output.numel())
-      throw std::invalid_argument("reduce-scatter: the output is not one rank's part of the input");
+    check_scatter_shapes(input, output, world_.size);
     return enqueue("reduce-scatter", "ncclReduceScatter", input, {input, output},
                    [&](ncclComm_t comm) {
                      return ncclReduceScatter(input.data_ptr(), output.data_ptr(),

@@ -21,11 +21,10 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& parameters) {
 AdamWUpdate::AdamWUpdate(AdamWOptions options, c10::Device device)
     : options_(options), step_count_(at::zeros({}, at::TensorOptions(device).dtype(at::kFloat))) {}
 
-void AdamWUpdate::add(const at::Tensor& value, const at::Tensor& grad, const at::Tensor& exp_avg,
+void AdamWUpdate::add(const at::Tensor& value, const at::Tensor& exp_avg,
                       const at::Tensor& exp_avg_sq, bool decay) {
   Group& into = group(decay);
   into.values.push_back(value);
-  into.grads.push_back(grad);
   into.exp_avgs.push_back(exp_avg);
   into.exp_avg_sqs.push_back(exp_avg_sq);
 }
@@ -57,7 +56,7 @@ AdamW::AdamW(const NamedParameters& parameters, AdamWOptions options)
   for (const auto& [name, parameter] : parameters) {
     Entry entry{name, parameter, at::zeros_like(parameter, at::MemoryFormat::Preserve),
                 at::zeros_like(parameter, at::MemoryFormat::Preserve)};
-    update_.add(parameter, parameter.grad(), entry.exp_avg, entry.exp_avg_sq, decays(parameter));
+    update_.add(parameter, entry.exp_avg, entry.exp_avg_sq, decays(parameter));
     entries_.push_back(std::move(entry));
   }
 }

@@ -61,11 +61,11 @@ class AdamWUpdate {
  public:
   AdamWUpdate(AdamWOptions options, c10::Device device);
 
-  // `value` (a parameter or a part of one) is updated from `grad` and its moments, all of one
-  // shape; weight decay applies when `decay`.
-  void add(const at::Tensor& value, const at::Tensor& grad, const at::Tensor& exp_avg,
-           const at::Tensor& exp_avg_sq, bool decay);
-  // Points the gradients at `grads`, in the order of add() within each group.
+  // `value` (a parameter or a part of one) is updated with its moments, all of one shape; weight
+  // decay applies when `decay`.
+  void add(const at::Tensor& value, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+           bool decay);
+  // The gradients the next steps read for the group with or without decay, in the order of add().
   void set_grads(bool decay, std::vector<at::Tensor> grads);
 
   void step(double lr, const at::Tensor& skip);

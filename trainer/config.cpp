@@ -212,7 +212,11 @@ const std::vector<KeySpec>& key_specs() {
           "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
       key(&Config::train, &TrainConfig::activation_checkpointing, "train.activation_checkpointing",
           "keep only each block's input in forward and recompute the block in backward: activation "
-          "memory falls several times for about a third more compute"),
+          "memory falls several times (8x on a 297M model) for one more forward pass of the "
+          "blocks"),
+      key(&Config::train, &TrainConfig::check_memory, "train.check_memory",
+          "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "
+          "start)"),
 
       key(&Config::dist, &DistConfig::backend, "dist.backend",
           "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),

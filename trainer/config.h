@@ -49,6 +49,7 @@ struct TrainConfig {
   int64_t stop_at = 0;
   int64_t max_bad_steps = 5;
   bool activation_checkpointing = false;
+  bool check_memory = true;
 };
 
 struct DistConfig {

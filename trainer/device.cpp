@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -116,11 +118,21 @@ int64_t peak_memory_bytes(const c10::Device& device) {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-int64_t memory_per_rank(const c10::Device& device, int ranks_on_node) {
-  if (device.is_cuda())
-    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
-  // What the kernel could give without swapping (MemAvailable), rather than the physical memory:
-  // a shared machine or a container holds less.
+namespace {
+
+// The first number in `path`, if it has one ("max" in a cgroup v2 limit has none).
+std::optional<int64_t> number_in(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  int64_t value = 0;
+  if (in >> value) return value;
+  return std::nullopt;
+}
+
+// The memory this process could still take without swapping: the kernel's MemAvailable (free
+// memory and the page cache it can drop), or less where a cgroup (a container, a Slurm job) limits
+// the process: its limit minus what the group uses. /proc/meminfo shows the whole machine even
+// inside a cgroup.
+int64_t available_host_memory() {
   int64_t available = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
                       static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
   std::ifstream meminfo("/proc/meminfo");
@@ -132,7 +144,24 @@ int64_t memory_per_rank(const c10::Device& device, int ranks_on_node) {
     }
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return available / std::max(ranks_on_node, 1);
+  const std::filesystem::path cgroup = "/sys/fs/cgroup";
+  for (const auto& [limit, usage] :
+       {std::pair{cgroup / "memory.max", cgroup / "memory.current"},  // cgroup v2
+        std::pair{cgroup / "memory" / "memory.limit_in_bytes",
+                  cgroup / "memory" / "memory.usage_in_bytes"}}) {  // cgroup v1
+    const auto limited = number_in(limit);
+    const auto used = number_in(usage);
+    if (limited && used) available = std::min(available, std::max<int64_t>(*limited - *used, 0));
+  }
+  return available;
+}
+
+}  // namespace
+
+int64_t memory_per_rank(const c10::Device& device, int ranks_on_node) {
+  if (device.is_cuda())
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  return available_host_memory() / std::max(ranks_on_node, 1);
 }
 
 }  // namespace mltrain

@@ -34,7 +34,7 @@ double peak_bf16_flops(const c10::Device& device);
 int64_t peak_memory_bytes(const c10::Device& device);
 
 // The memory one rank may plan with: a GPU's own memory, or the memory the machine has available
-// (/proc/meminfo's MemAvailable) shared by the ranks on this node.
+// (MemAvailable, or less under a cgroup's limit) shared by the ranks on this node.
 int64_t memory_per_rank(const c10::Device& device, int ranks_on_node);
 
 }  // namespace mltrain

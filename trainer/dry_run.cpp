@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "common/error.h"
 #include "model/llama.h"
 #include "trainer/compute_settings.h"
 #include "trainer/device.h"
@@ -19,11 +18,8 @@ namespace {
 // The plan, and what would make it fit where it does not: a dry run reports, and refuses nothing.
 void report(const MemoryPlan& plan, const Config& config) {
   spdlog::info("{}", describe(plan));
-  try {
-    check_fits(plan, config);
-  } catch (const UserError& error) {
-    spdlog::warn("{}", error.what());
-  }
+  if (const std::string shortfall = memory_shortfall(plan, config); !shortfall.empty())
+    spdlog::warn("{}", shortfall);
 }
 
 }  // namespace

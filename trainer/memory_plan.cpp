@@ -17,49 +17,67 @@ constexpr int64_t kCpuRuntimeBytes = 500'000'000;
 constexpr int64_t kCudaRuntimeBytes = 1'000'000'000;
 
 // Bytes one block keeps for backward per token, as the autograd graph holds them.
-int64_t block_bytes_per_token(const ModelConfig& model, bool bf16) {
+int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
   const int64_t d = model.d_model;
   const int64_t q = model.n_q_heads * model.head_dim;
-  const int64_t kv = model.n_kv_heads * model.head_dim;
+  // Keys and values as attention saves them: repeated to every query head where it needs that.
+  const int64_t kv = path.repeated_kv ? q : model.n_kv_heads * model.head_dim;
   const int64_t f = model.d_ffn;
   const int64_t statistics = 4 * (2 + model.n_q_heads);  // two norms' rstd, attention's logsumexp
-  if (!bf16) {
-    // fp32: the two norms' inputs and outputs (4d); q, k and v as attention saves them, and its
-    // output, which wo reads as it is (2q + 2kv); SwiGLU's gate and up, and its output (3f).
-    return 4 * (4 * d + 2 * q + 2 * kv + 3 * f) + statistics;
+  // Both: q, k, v and the attention output, which wo reads as it is (2q + 2kv).
+  if (!path.bf16) {
+    // fp32, fused: the two norms' inputs and outputs (4d), SwiGLU's gate and up, and its output
+    // (3f). The ATen compositions keep a norm's fp32 copy of its input too (6d) and SwiGLU's
+    // silu(gate) (4f).
+    return 4 * (path.fused ? 4 * d + 2 * q + 2 * kv + 3 * f : 6 * d + 2 * q + 2 * kv + 4 * f) +
+           statistics;
   }
-  // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d); each product
+  // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d), and each product
   // keeps its own bf16 cast of its input: three of the attention norm's output, two of the
-  // feed-forward norm's (5 x 2d); q, k, v and the attention output in bf16 (2 x (2q + 2kv));
-  // gate, up and SwiGLU's output in bf16 (3 x 2f).
-  return 8 * d + 10 * d + 2 * (2 * q + 2 * kv) + 6 * f + statistics;
+  // feed-forward norm's (5 x 2d); gate, up and SwiGLU's output in bf16 (3 x 2f). The ATen
+  // compositions keep the norms' fp32 copies too (2 x 4d) and silu(gate) (2f).
+  const int64_t attention = 2 * (2 * q + 2 * kv);
+  return (path.fused ? 18 * d + 6 * f : 26 * d + 8 * f) + attention + statistics;
 }
 
-// Bytes per token outside the blocks: the final norm's input and output, and the loss's
-// per-token statistics.
-int64_t head_bytes_per_token(const ModelConfig& model) { return 8 * model.d_model + 8; }
+// Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient
+// of its output, computed in forward (8d), and each row's loss. The ATen path: the norm's input,
+// fp32 copy and output (12d; a bf16 cast of the output instead of the output itself under
+// autocast, 10d) and the log-softmax of the logits (4V).
+int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
+  const int64_t d = model.d_model;
+  if (path.fused) return 8 * d + 4;
+  return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
+}
 
 std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / kGB); }
 
 }  // namespace
 
-int64_t activation_bytes(const ModelConfig& model, int64_t tokens, bool bf16,
+ComputePath compute_path(const Config& config, const PlanTarget& target) {
+  return {.bf16 = target.bf16,
+          .fused = config.train.kernels == "fused" && !target.cuda,
+          .repeated_kv =
+              target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads};
+}
+
+int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
                          bool activation_checkpointing) {
   // With checkpointing each block keeps only its input, the fp32 residual stream.
   const int64_t per_block =
-      activation_checkpointing ? 4 * model.d_model : block_bytes_per_token(model, bf16);
-  return tokens * (model.n_layers * per_block + head_bytes_per_token(model));
+      activation_checkpointing ? 4 * model.d_model : block_bytes_per_token(model, path);
+  return tokens * (model.n_layers * per_block + head_bytes_per_token(model, path));
 }
 
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, bool chunked_loss, bool bf16,
-                      bool activation_checkpointing) {
+int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path) {
   int64_t bytes = 0;
-  // Without checkpointing, the products keep the bf16 casts of their weights for backward.
-  if (bf16 && !activation_checkpointing) bytes += 2 * model.parameters();
-  // The chunked loss computes the output weight's gradient in forward, in fp32; without it the
-  // logits in bf16 and fp32, the log-softmax and their gradients take about 12 bytes per token
-  // and word of the vocabulary.
-  bytes += chunked_loss ? 4 * model.vocab_size * model.d_model : 12 * tokens * model.vocab_size;
+  // Autocast caches its bf16 casts of the weights for the whole forward pass (checkpointed or
+  // not), and the products keep them for backward.
+  if (path.bf16) bytes += 2 * model.parameters();
+  // The chunked loss computes the output weight's gradient in forward, in fp32; without it
+  // backward holds the gradients of the log-softmax and of the logits, about 8 bytes per token and
+  // word of the vocabulary.
+  bytes += path.fused ? 4 * model.vocab_size * model.d_model : 8 * tokens * model.vocab_size;
   return bytes;
 }
 
@@ -70,7 +88,6 @@ bool shards_optimizer(const Config& config, int ranks) {
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const ModelConfig& model = config.model;
   const int64_t ranks = target.ranks;
-  const bool bf16 = target.bf16;
   MemoryPlan plan;
   plan.parameters = model.parameters();
   plan.target = target;
@@ -78,25 +95,29 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   plan.activation_checkpointing = config.train.activation_checkpointing;
 
   const int64_t values = plan.parameters;
-  // Sharded, each bucket pads to a multiple of the ranks: at most a bucket's worth of rounding,
-  // which is negligible here.
+  // Sharded, each bucket pads to a multiple of the ranks: at most ranks - 1 values a bucket, left
+  // out here.
   const int64_t part = (values + ranks - 1) / ranks;
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
   plan.weights = 4 * values;
   plan.gradients = 4 * values + (plan.sharded ? 4 * part : 0);
+  // dist.grad_dtype bf16: each bucket's bf16 copy on the wire, and its part when sharded.
+  if (config.dist.grad_dtype == "bf16" && ranks > 1)
+    plan.gradients += 2 * values + (plan.sharded ? 2 * part : 0);
   plan.optimizer_unsharded = 8 * values;
   plan.optimizer_sharded = 8 * part;
   plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
 
   const int64_t tokens = config.data.micro_batch * config.data.seq_len;
-  plan.activations_kept_all = activation_bytes(model, tokens, bf16, false);
-  plan.activations_checkpointed = activation_bytes(model, tokens, bf16, true);
+  const ComputePath path = compute_path(config, target);
+  plan.activations_kept_all = activation_bytes(model, tokens, path, false);
+  plan.activations_checkpointed = activation_bytes(model, tokens, path, true);
   plan.activations =
       plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
 
-  plan.working = working_bytes(model, tokens, config.train.kernels == "fused" && !target.cuda, bf16,
-                               plan.activation_checkpointing) +
-                 (plan.activation_checkpointing ? tokens * block_bytes_per_token(model, bf16) : 0);
+  // Checkpointed, backward holds one block's activations again while it recomputes it.
+  plan.working = working_bytes(model, tokens, path) +
+                 (plan.activation_checkpointing ? tokens * block_bytes_per_token(model, path) : 0);
   return plan;
 }
 
@@ -132,9 +153,10 @@ std::string describe(const MemoryPlan& plan) {
   return text;
 }
 
-void check_fits(const MemoryPlan& plan, const Config& config) {
-  if (plan.fits()) return;
-  // Each remedy alone, then both, then the largest micro-batch that fits as configured.
+std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
+  if (plan.fits()) return "";
+  // Each remedy alone, then both, then the largest micro-batch that divides this rank's share of
+  // the global batch, so that gradient accumulation keeps the global batch as it is.
   std::vector<std::string> remedies;
   const auto fits_with = [&](Config changed) { return plan_memory(changed, plan.target).fits(); };
   Config sharded = config;
@@ -149,22 +171,22 @@ void check_fits(const MemoryPlan& plan, const Config& config) {
     remedies.push_back("train.activation_checkpointing=true");
   if (remedies.empty() && plan.target.ranks > 1 && fits_with(both))
     remedies.push_back("dist.zero_stage=1 with train.activation_checkpointing=true");
+  const int64_t per_rank = config.data.micro_batch * config.data.grad_accum;
   for (int64_t micro_batch = config.data.micro_batch - 1; micro_batch >= 1; --micro_batch) {
     Config smaller = config;
     smaller.data.micro_batch = micro_batch;
-    if (fits_with(smaller)) {
-      remedies.push_back(
-          fmt::format("data.micro_batch={} (with data.grad_accum raised to keep the global batch)",
-                      micro_batch));
+    if (per_rank % micro_batch == 0 && fits_with(smaller)) {
+      remedies.push_back(fmt::format("data.micro_batch={} with data.grad_accum={}", micro_batch,
+                                     per_rank / micro_batch));
       break;
     }
   }
-  throw UserError(fmt::format(
+  return fmt::format(
       "the memory plan needs {} per rank but a rank has {}: {} (see --dry-run for the plan)",
       gb(plan.total()), gb(*plan.target.device_memory),
       remedies.empty() ? std::string("nothing in the config makes it fit: more ranks with "
                                      "dist.zero_stage=1, or a smaller model")
-                       : "it would fit with " + fmt::format("{}", fmt::join(remedies, ", or "))));
+                       : "it would fit with " + fmt::format("{}", fmt::join(remedies, ", or ")));
 }
 
 }  // namespace mltrain

@@ -19,17 +19,20 @@ struct PlanTarget {
 };
 
 // What one rank of a run will hold, in bytes, counted from the config before anything is
-// allocated: the closed forms below, which the tests hold against the tensors themselves and
-// against the bytes the CPU allocator hands out.
+// allocated. The weights, gradients and optimizer state are closed forms that the tests hold
+// against the tensors; the activations and working memory, closed forms of what the autograd graph
+// keeps, which the tests hold against the bytes the CPU allocator hands out on both of the CPU's
+// paths (mltrain's kernels, and the ATen compositions that CUDA runs too); on CUDA they are
+// estimates that no GPU has checked yet.
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
   bool sharded = false;  // dist.zero_stage 1
   bool activation_checkpointing = false;
-  int64_t runtime = 0;                   // the libraries, the CUDA context and buffers: an estimate
-  int64_t weights = 0;                   // fp32 master weights
-  int64_t gradients = 0;                 // fp32 buckets, and this rank's averaged part when sharded
-  int64_t optimizer = 0;                 // AdamW's two moments at the configured zero_stage
+  int64_t runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
+  int64_t weights = 0;    // fp32 master weights
+  int64_t gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
+  int64_t optimizer = 0;  // AdamW's two moments at the configured zero_stage
   int64_t optimizer_unsharded = 0;       // the same at zero_stage 0
   int64_t optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
   int64_t activations = 0;               // kept for backward, per micro-batch, as configured
@@ -43,21 +46,29 @@ struct MemoryPlan {
   bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
 };
 
-// The bytes the autograd graph of one micro-batch keeps for backward, for `tokens` tokens
-// (micro_batch x seq_len): every block's saved inputs of its products, norms, attention and
-// SwiGLU, in fp32 or, under bf16 autocast, as the autocast casts keep them.
-int64_t activation_bytes(const ModelConfig& model, int64_t tokens, bool bf16,
+// How a run computes, as far as its memory goes.
+struct ComputePath {
+  bool bf16 = false;
+  // mltrain's CPU kernels and chunked loss (train.kernels fused on the CPU); else the ATen
+  // compositions and the whole logits, as on CUDA.
+  bool fused = true;
+  bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
+};
+ComputePath compute_path(const Config& config, const PlanTarget& target);
+
+// The bytes the autograd graph of one micro-batch of `tokens` tokens (micro_batch x seq_len) keeps
+// for backward: every block's saved inputs of its products, norms, attention and SwiGLU, and the
+// loss's; with checkpointing, each block's input alone.
+int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
                          bool activation_checkpointing);
 
 // Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
 // than one rank (one rank has nothing to share the state with).
 bool shards_optimizer(const Config& config, int ranks);
 
-// The bytes held besides the activations from forward to backward, whatever the micro-batch's
-// layout: the weights' bf16 casts, and the loss's buffers (the chunked loss's weight gradient, or
-// the whole logits and their gradients without it).
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, bool chunked_loss, bool bf16,
-                      bool activation_checkpointing);
+// The bytes a step holds besides the activations: the weights' bf16 casts, and the loss's
+// buffers (the chunked loss's weight gradient, or the gradients of the whole logits).
+int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path);
 
 // The plan of a run of `config` on `target`.
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target);
@@ -66,8 +77,8 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target);
 // total against the device's memory.
 std::string describe(const MemoryPlan& plan);
 
-// Throws a UserError when the plan does not fit its device's memory, naming what would make it
-// fit: ZeRO-1 (with more ranks), activation checkpointing, a smaller micro-batch.
-void check_fits(const MemoryPlan& plan, const Config& config);
+// Why the plan does not fit its device's memory, and what would make it fit: ZeRO-1, activation
+// checkpointing, a smaller micro-batch with more accumulation; empty when it fits.
+std::string memory_shortfall(const MemoryPlan& plan, const Config& config);
 
 }  // namespace mltrain

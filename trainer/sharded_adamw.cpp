@@ -16,6 +16,8 @@ ShardedAdamW::ShardedAdamW(const NamedParameters& parameters, const GradReducer&
                                                     : reducer.parameters().front().device()) {
   if (reducer.shards().empty() && !reducer.parameters().empty())
     throw std::invalid_argument("ShardedAdamW needs a sharded GradReducer");
+  std::vector<at::Tensor> decayed_grads;  // the pieces' gradients, in the order of add()
+  std::vector<at::Tensor> other_grads;
   std::unordered_map<const void*, std::string> name_of;
   for (const auto& [name, parameter] : parameters) name_of[parameter.unsafeGetTensorImpl()] = name;
 
@@ -37,12 +39,15 @@ ShardedAdamW::ShardedAdamW(const NamedParameters& parameters, const GradReducer&
       const auto piece = [&](const at::Tensor& part) {
         return part.narrow(0, first - begin, last - first);
       };
-      update_.add(piece(shard.parameters), piece(shard.gradients), piece(bucket.exp_avg),
-                  piece(bucket.exp_avg_sq), decays(parameter));
+      update_.add(piece(shard.parameters), piece(bucket.exp_avg), piece(bucket.exp_avg_sq),
+                  decays(parameter));
+      (decays(parameter) ? decayed_grads : other_grads).push_back(piece(shard.gradients));
     }
     gradients_.push_back(shard.gradients);
     buckets_.push_back(std::move(bucket));
   }
+  update_.set_grads(/*decay=*/true, std::move(decayed_grads));
+  update_.set_grads(/*decay=*/false, std::move(other_grads));
 }
 
 at::Tensor ShardedAdamW::clip_gradients(double max_norm) {

@@ -13,7 +13,9 @@ namespace mltrain {
 // diverging run or a dead rank leave behind. A default-constructed TrainingHooks does nothing,
 // and the shipped binaries never set one.
 struct TrainingHooks {
-  // After step `step` (counted from 1) has averaged its gradients, before they are clipped.
+  // After step `step` (counted from 1) has averaged its gradients, before they are clipped. With
+  // ZeRO-1 (dist.zero_stage 1) each .grad holds this rank's own gradient and the averaged parts
+  // are the reducer's: a hook that changes .grad changes nothing the optimizer reads.
   std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& parameters)>
       after_gradients;
   // While a checkpoint is written into `directory`, once its weights file is complete and before

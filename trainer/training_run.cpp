@@ -176,7 +176,15 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
                            .bf16 = precision_.bf16,
                            .device_memory = memory_per_rank(device_, world.local_size)});
   if (leader_) spdlog::info("{}", describe(memory_plan));
-  check_fits(memory_plan, config);
+  const std::string shortfall = memory_shortfall(memory_plan, config);
+  // All ranks stop or none: one rank that stopped alone would leave the others waiting for it.
+  if (communicator_->all_reduce_sum(shortfall.empty() ? 0.0 : 1.0) > 0) {
+    const std::string why =
+        shortfall.empty() ? "another rank's memory plan does not fit its memory" : shortfall;
+    if (config.train.check_memory)
+      throw UserError(why + "; train.check_memory=false starts it all the same");
+    spdlog::warn("{}", why);
+  }
   // A run that is surely fresh checks where its weights come from before it makes anything.
   if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
   if (leader_) {

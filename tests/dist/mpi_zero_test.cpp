@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "dist/grad_reducer.h"
 #include "dist/world.h"
 #include "model/hf_state_dict.h"
@@ -11,6 +13,7 @@
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
+#include "trainer/memory_plan.h"
 #include "trainer/sharded_adamw.h"
 
 namespace mltrain {
@@ -33,6 +36,8 @@ Llama fresh_model() {
   return Llama(testing::tiny_config());
 }
 
+// The averaged gradients of each bucket's part, reduce-scattered in fp32, or in bf16 on the wire
+// (to bf16's precision).
 TEST(ShardedReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   // The reference: every rank's gradient, computed here, averaged.
@@ -40,33 +45,39 @@ TEST(ShardedReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
   for (int rank = 0; rank < world.size; ++rank) backward_on(reference, windows_of(rank));
   const std::vector<at::Tensor> reference_parameters = reference->parameters();
 
-  Llama model = fresh_model();
-  const auto communicator = make_communicator(world);
-  GradReducer reducer(model->parameters(), *communicator,
-                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true});
-  ASSERT_GT(reducer.shards().size(), 2u) << "the test should cover several buckets";
-  backward_on(model, windows_of(world.rank));
-  reducer.finish();
+  for (const bool compress_bf16 : {false, true}) {
+    Llama model = fresh_model();
+    const auto communicator = make_communicator(world);
+    GradReducer reducer(model->parameters(), *communicator,
+                        {.bucket_mb = 0.02,
+                         .first_bucket_mb = 0.01,
+                         .compress_bf16 = compress_bf16,
+                         .shard = true});
+    ASSERT_GT(reducer.shards().size(), 2u) << "the test should cover several buckets";
+    backward_on(model, windows_of(world.rank));
+    reducer.finish();
 
-  for (const GradReducer::BucketShard& shard : reducer.shards()) {
-    // The whole bucket's averaged gradient, laid out as the bucket lays out its parameters.
-    at::Tensor expected = at::zeros({shard.bucket.numel()});
-    for (const GradReducer::Member& member : shard.members) {
-      const at::Tensor grad = reference_parameters[member.parameter].grad().flatten();
-      expected.narrow(0, member.offset, grad.numel()).copy_(grad / world.size);
+    for (const GradReducer::BucketShard& shard : reducer.shards()) {
+      // The whole bucket's averaged gradient, laid out as the bucket lays out its parameters.
+      at::Tensor expected = at::zeros({shard.bucket.numel()});
+      for (const GradReducer::Member& member : shard.members) {
+        const at::Tensor grad = reference_parameters[member.parameter].grad().flatten();
+        expected.narrow(0, member.offset, grad.numel()).copy_(grad / world.size);
+      }
+      EXPECT_EQ(shard.bucket.numel() % world.size, 0);
+      EXPECT_EQ(shard.elements * world.size, shard.bucket.numel());
+      EXPECT_EQ(shard.begin, shard.elements * world.rank);
+      EXPECT_LE(
+          testing::relative_error(shard.gradients, expected.narrow(0, shard.begin, shard.elements)),
+          compress_bf16 ? 1e-2 : 1e-6)
+          << (compress_bf16 ? "bf16 on the wire" : "fp32");
     }
-    EXPECT_EQ(shard.bucket.numel() % world.size, 0);
-    EXPECT_EQ(shard.elements * world.size, shard.bucket.numel());
-    EXPECT_EQ(shard.begin, shard.elements * world.rank);
-    EXPECT_LE(
-        testing::relative_error(shard.gradients, expected.narrow(0, shard.begin, shard.elements)),
-        1e-6);
+    // The parameters now live in the buckets, and keep their values.
+    const Llama untouched = fresh_model();
+    const std::vector<at::Tensor> original = untouched->parameters();
+    for (size_t i = 0; i < original.size(); ++i)
+      EXPECT_TRUE(at::equal(model->parameters()[i], original[i])) << "parameter " << i;
   }
-  // The parameters now live in the buckets, and keep their values.
-  const Llama untouched = fresh_model();
-  const std::vector<at::Tensor> original = untouched->parameters();
-  for (size_t i = 0; i < original.size(); ++i)
-    EXPECT_TRUE(at::equal(model->parameters()[i], original[i])) << "parameter " << i;
 }
 
 TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
@@ -91,6 +102,25 @@ TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   // The parts are as long on every rank.
   EXPECT_EQ(communicator->all_reduce_sum(static_cast<double>(sharded.state_bytes())),
             world.size * static_cast<double>(sharded.state_bytes()));
+  // The memory plan's figures are these tensors', up to the padding and the step count.
+  Config config;
+  config.model = testing::tiny_config();
+  config.dist.zero_stage = 1;
+  const MemoryPlan plan = plan_memory(config, {.ranks = world.size});
+  EXPECT_EQ(plan.optimizer_unsharded + 4, whole.state_bytes());
+  EXPECT_NEAR(static_cast<double>(plan.optimizer), static_cast<double>(sharded.state_bytes()),
+              8.0 * static_cast<double>(buckets) + 4);
+  // The gradient buckets (each .grad is a view into one) and this rank's averaged parts.
+  std::map<const void*, size_t> buckets_by_storage;
+  for (const at::Tensor& parameter : model->parameters())
+    buckets_by_storage[parameter.grad().storage().data()] = parameter.grad().storage().nbytes();
+  int64_t gradient_bytes = 0;
+  for (const auto& [storage, bytes] : buckets_by_storage)
+    gradient_bytes += static_cast<int64_t>(bytes);
+  for (const GradReducer::BucketShard& shard : reducer.shards())
+    gradient_bytes += static_cast<int64_t>(shard.gradients.nbytes());
+  EXPECT_NEAR(static_cast<double>(plan.gradients), static_cast<double>(gradient_bytes),
+              8.0 * static_cast<double>(buckets * world.size));
 }
 
 // A sharded optimizer with its own model and reducer, as a run holds them.

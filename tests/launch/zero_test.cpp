@@ -6,6 +6,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "model/safetensors.h"
 #include "tests/support/test_support.h"

@@ -261,23 +261,22 @@ Gradients dropout_gradients(bool checkpointing, c10::Device device) {
   return {x.grad(), w.grad(), at::globalContext().defaultGenerator(device).get_state()};
 }
 
-TEST(ActivationCheckpoint, RandomOpsDrawTheForwardPassNumbersAndTheGeneratorMovesOnAsWithout) {
-  const c10::Device cpu(c10::kCPU);
-  const Gradients plain = dropout_gradients(false, cpu);
-  const Gradients checkpointed = dropout_gradients(true, cpu);
+// Checkpointed and plain on `device`: the same gradients, and the generator left where it was.
+void expect_the_same_draws(c10::Device device) {
+  const Gradients plain = dropout_gradients(false, device);
+  const Gradients checkpointed = dropout_gradients(true, device);
   EXPECT_TRUE(at::equal(checkpointed.x, plain.x));
   EXPECT_TRUE(at::equal(checkpointed.w, plain.w));
   EXPECT_TRUE(at::equal(checkpointed.generator_state, plain.generator_state));
 }
 
+TEST(ActivationCheckpoint, RandomOpsDrawTheForwardPassNumbersAndTheGeneratorMovesOnAsWithout) {
+  expect_the_same_draws(c10::Device(c10::kCPU));
+}
+
 TEST(ActivationCheckpoint, CudaRandomOpsDrawTheForwardPassNumbers) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
-  const c10::Device cuda(c10::kCUDA, 0);
-  const Gradients plain = dropout_gradients(false, cuda);
-  const Gradients checkpointed = dropout_gradients(true, cuda);
-  EXPECT_TRUE(at::equal(checkpointed.x, plain.x));
-  EXPECT_TRUE(at::equal(checkpointed.w, plain.w));
-  EXPECT_TRUE(at::equal(checkpointed.generator_state, plain.generator_state));
+  expect_the_same_draws(c10::Device(c10::kCUDA, 0));
 }
 
 TEST(ActivationCheckpoint, TensorsThatNeedNoGradientGetNone) {
