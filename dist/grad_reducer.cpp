@@ -163,9 +163,9 @@ void GradReducer::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     // The buckets that backward did not launch (all of them without overlap) go one at a time:
     // each nonblocking MPI collective holds temporary buffers as large as its bucket until it
-    // completes, and all of them at once took as much memory again as the gradients
+    // completes, and all of them in flight together raised the peak by 714 MiB on a 297M model
     // (bench/RESULTS.md), for nothing: an MPI rank advances its collectives only inside its MPI
-    // calls, and NCCL's wait only orders the streams.
+    // calls. NCCL's wait only orders the streams, so the host does not stall there either.
     if (next_to_launch_ == b) launch_next_bucket();
     Bucket& bucket = buckets_[b];
     bucket.work->wait();
@@ -183,8 +183,9 @@ void GradReducer::finish() {
 }
 
 void GradReducer::gather_parameters() {
-  // A parameter whose storage was replaced (a module's to(), a load that assigns instead of
-  // copying) would no longer see its bucket, and every rank would train on stale weights alike.
+  // A parameter whose storage was replaced (set_data, a module's to()) would no longer see its
+  // bucket, and every rank would train on stale weights alike. (A module that swaps in another
+  // parameter tensor altogether is beyond this check: the reducer still holds the old one.)
   for (const BucketShard& shard : shards_) {
     const auto* first = static_cast<const char*>(shard.bucket.data_ptr());
     for (const Member& member : shard.members) {

@@ -128,30 +128,59 @@ std::optional<int64_t> number_in(const std::filesystem::path& path) {
   return std::nullopt;
 }
 
+// The value of `key` in a "key value" file such as memory.stat or /proc/meminfo.
+std::optional<int64_t> field_in(const std::filesystem::path& path, const std::string& key) {
+  std::ifstream in(path);
+  for (std::string name; in >> name;) {
+    int64_t value = 0;
+    if (name == key && in >> value) return value;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return std::nullopt;
+}
+
+// This process's memory cgroup directory: its path in /proc/self/cgroup under the mount, where
+// that exists (a Slurm job, a systemd slice), else the mount itself (a container with its own
+// cgroup namespace sees its group there).
+std::filesystem::path own_cgroup(const std::filesystem::path& mount,
+                                 const std::string& controller) {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    // "0::/path" (v2) or "4:memory:/path" (v1)
+    const size_t first = line.find(':');
+    const size_t second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    if (line.substr(first + 1, second - first - 1) != controller) continue;
+    const std::filesystem::path own = mount / line.substr(second + 1).substr(1);
+    if (std::filesystem::exists(own)) return own;
+  }
+  return mount;
+}
+
 // The memory this process could still take without swapping: the kernel's MemAvailable (free
-// memory and the page cache it can drop), or less where a cgroup (a container, a Slurm job) limits
-// the process: its limit minus what the group uses. /proc/meminfo shows the whole machine even
-// inside a cgroup.
+// memory and the page cache it can drop), or less where a cgroup limits the process: its limit
+// minus what the group uses, less the file pages it could drop (the mmap'd shards among them).
+// /proc/meminfo shows the whole machine even inside a cgroup.
 int64_t available_host_memory() {
   int64_t available = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
                       static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    int64_t kib = 0;
-    if (key == "MemAvailable:" && meminfo >> kib) {
-      available = kib * 1024;
-      break;
-    }
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  const std::filesystem::path cgroup = "/sys/fs/cgroup";
-  for (const auto& [limit, usage] :
-       {std::pair{cgroup / "memory.max", cgroup / "memory.current"},  // cgroup v2
-        std::pair{cgroup / "memory" / "memory.limit_in_bytes",
-                  cgroup / "memory" / "memory.usage_in_bytes"}}) {  // cgroup v1
-    const auto limited = number_in(limit);
-    const auto used = number_in(usage);
-    if (limited && used) available = std::min(available, std::max<int64_t>(*limited - *used, 0));
+  if (const auto kib = field_in("/proc/meminfo", "MemAvailable:")) available = *kib * 1024;
+  struct CgroupFiles {
+    std::filesystem::path group;
+    const char* limit;
+    const char* usage;
+    const char* droppable;
+  };
+  const std::filesystem::path root = "/sys/fs/cgroup";
+  for (const CgroupFiles& cgroup :
+       {CgroupFiles{own_cgroup(root, ""), "memory.max", "memory.current", "inactive_file"},
+        CgroupFiles{own_cgroup(root / "memory", "memory"), "memory.limit_in_bytes",
+                    "memory.usage_in_bytes", "total_inactive_file"}}) {
+    const auto limit = number_in(cgroup.group / cgroup.limit);
+    const auto usage = number_in(cgroup.group / cgroup.usage);
+    if (!limit || !usage) continue;
+    const int64_t droppable = field_in(cgroup.group / "memory.stat", cgroup.droppable).value_or(0);
+    available = std::min(available, std::max<int64_t>(*limit - *usage + droppable, 0));
   }
   return available;
 }

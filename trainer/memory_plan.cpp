@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/error.h"
+#include "model/cpu_kernels.h"
 
 namespace mltrain {
 namespace {
@@ -29,7 +31,8 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
     // fp32, fused: the two norms' inputs and outputs (4d), SwiGLU's gate and up, and its output
     // (3f). The ATen compositions keep a norm's fp32 copy of its input too (6d) and SwiGLU's
     // silu(gate) (4f).
-    return 4 * (path.fused ? 4 * d + 2 * q + 2 * kv + 3 * f : 6 * d + 2 * q + 2 * kv + 4 * f) +
+    return 4 * (path.fused_layers ? 4 * d + 2 * q + 2 * kv + 3 * f
+                                  : 6 * d + 2 * q + 2 * kv + 4 * f) +
            statistics;
   }
   // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d), and each product
@@ -37,7 +40,7 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
   // feed-forward norm's (5 x 2d); gate, up and SwiGLU's output in bf16 (3 x 2f). The ATen
   // compositions keep the norms' fp32 copies too (2 x 4d) and silu(gate) (2f).
   const int64_t attention = 2 * (2 * q + 2 * kv);
-  return (path.fused ? 18 * d + 6 * f : 26 * d + 8 * f) + attention + statistics;
+  return (path.fused_layers ? 18 * d + 6 * f : 26 * d + 8 * f) + attention + statistics;
 }
 
 // Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient
@@ -46,7 +49,7 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
 // autocast, 10d) and the log-softmax of the logits (4V).
 int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
   const int64_t d = model.d_model;
-  if (path.fused) return 8 * d + 4;
+  if (path.chunked_loss) return 8 * d + 4;
   return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
 }
 
@@ -55,8 +58,10 @@ std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<doub
 }  // namespace
 
 ComputePath compute_path(const Config& config, const PlanTarget& target) {
+  const bool ours = config.train.kernels == "fused" && !target.cuda;
   return {.bf16 = target.bf16,
-          .fused = config.train.kernels == "fused" && !target.cuda,
+          .fused_layers = ours && fused_kernels_support(at::kFloat),
+          .chunked_loss = ours,
           .repeated_kv =
               target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads};
 }
@@ -69,16 +74,20 @@ int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const Compute
   return tokens * (model.n_layers * per_block + head_bytes_per_token(model, path));
 }
 
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path) {
-  int64_t bytes = 0;
-  // Autocast caches its bf16 casts of the weights for the whole forward pass (checkpointed or
-  // not), and the products keep them for backward.
-  if (path.bf16) bytes += 2 * model.parameters();
-  // The chunked loss computes the output weight's gradient in forward, in fp32; without it
-  // backward holds the gradients of the log-softmax and of the logits, about 8 bytes per token and
-  // word of the vocabulary.
-  bytes += path.fused ? 4 * model.vocab_size * model.d_model : 8 * tokens * model.vocab_size;
-  return bytes;
+int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                      bool activation_checkpointing) {
+  // Autocast caches its bf16 casts of the weights for the forward pass.
+  const int64_t casts = path.bf16 ? 2 * model.parameters() : 0;
+  // The chunked loss computes the output weight's gradient in forward, in fp32, and holds it into
+  // backward; without it backward holds the gradients of the log-softmax and of the logits, about
+  // 8 bytes per token and word of the vocabulary.
+  const int64_t weight_gradient = path.chunked_loss ? 4 * model.vocab_size * model.d_model : 0;
+  const int64_t logits = path.chunked_loss ? 0 : 8 * tokens * model.vocab_size;
+  // Without checkpointing the products keep the casts for backward. With it the graph keeps none,
+  // and they are gone when the autocast region ends, before backward; backward holds one block's
+  // activations again while it recomputes it.
+  if (!activation_checkpointing) return casts + weight_gradient + logits;
+  return weight_gradient + std::max(casts, logits + tokens * block_bytes_per_token(model, path));
 }
 
 bool shards_optimizer(const Config& config, int ranks) {
@@ -115,9 +124,9 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   plan.activations =
       plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
 
-  // Checkpointed, backward holds one block's activations again while it recomputes it.
-  plan.working = working_bytes(model, tokens, path) +
-                 (plan.activation_checkpointing ? tokens * block_bytes_per_token(model, path) : 0);
+  plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
+  // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded.
+  plan.checkpoint_host = plan.optimizer_unsharded;
   return plan;
 }
 
@@ -149,6 +158,10 @@ std::string describe(const MemoryPlan& plan) {
   } else {
     line("total", plan.total(), "(the device's memory is not known)");
   }
+  line("checkpoint save/resume (host)", plan.checkpoint_host,
+       plan.sharded ? "not in the total: rank 0 gathers the state to save it, every rank reads it "
+                      "to resume"
+                    : "not in the total: every rank reads the whole state to resume");
   text.pop_back();  // the caller ends the last line
   return text;
 }
@@ -171,15 +184,21 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
     remedies.push_back("train.activation_checkpointing=true");
   if (remedies.empty() && plan.target.ranks > 1 && fits_with(both))
     remedies.push_back("dist.zero_stage=1 with train.activation_checkpointing=true");
+  // As configured, else with both of the remedies above.
   const int64_t per_rank = config.data.micro_batch * config.data.grad_accum;
-  for (int64_t micro_batch = config.data.micro_batch - 1; micro_batch >= 1; --micro_batch) {
-    Config smaller = config;
-    smaller.data.micro_batch = micro_batch;
-    if (per_rank % micro_batch == 0 && fits_with(smaller)) {
-      remedies.push_back(fmt::format("data.micro_batch={} with data.grad_accum={}", micro_batch,
-                                     per_rank / micro_batch));
-      break;
+  for (const bool with_both : {false, true}) {
+    for (int64_t micro_batch = config.data.micro_batch - 1; micro_batch >= 1; --micro_batch) {
+      Config smaller = with_both ? both : config;
+      smaller.data.micro_batch = micro_batch;
+      if (per_rank % micro_batch == 0 && fits_with(smaller)) {
+        remedies.push_back(fmt::format(
+            "{}data.micro_batch={} with data.grad_accum={}",
+            with_both ? "dist.zero_stage=1, train.activation_checkpointing=true and " : "",
+            micro_batch, per_rank / micro_batch));
+        break;
+      }
     }
+    if (!remedies.empty()) break;
   }
   return fmt::format(
       "the memory plan needs {} per rank but a rank has {}: {} (see --dry-run for the plan)",

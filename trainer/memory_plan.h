@@ -38,7 +38,9 @@ struct MemoryPlan {
   int64_t activations = 0;               // kept for backward, per micro-batch, as configured
   int64_t activations_kept_all = 0;      // without activation checkpointing
   int64_t activations_checkpointed = 0;  // with it
-  int64_t working = 0;                   // working_bytes, and a recomputed block's activations
+  int64_t working = 0;                   // working_bytes
+  // Host memory that saving and resuming a checkpoint take for a moment, outside the total.
+  int64_t checkpoint_host = 0;
 
   int64_t total() const {
     return runtime + weights + gradients + optimizer + activations + working;
@@ -49,9 +51,11 @@ struct MemoryPlan {
 // How a run computes, as far as its memory goes.
 struct ComputePath {
   bool bf16 = false;
-  // mltrain's CPU kernels and chunked loss (train.kernels fused on the CPU); else the ATen
-  // compositions and the whole logits, as on CUDA.
-  bool fused = true;
+  // mltrain's fused CPU layers (train.kernels fused on a CPU that runs them); else the ATen
+  // compositions, as on CUDA.
+  bool fused_layers = true;
+  // mltrain's chunked loss (train.kernels fused on the CPU); else the whole logits.
+  bool chunked_loss = true;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
 };
 ComputePath compute_path(const Config& config, const PlanTarget& target);
@@ -66,9 +70,10 @@ int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const Compute
 // than one rank (one rank has nothing to share the state with).
 bool shards_optimizer(const Config& config, int ranks);
 
-// The bytes a step holds besides the activations: the weights' bf16 casts, and the loss's
-// buffers (the chunked loss's weight gradient, or the gradients of the whole logits).
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path);
+// The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
+// chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block.
+int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                      bool activation_checkpointing);
 
 // The plan of a run of `config` on `target`.
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "model/cpu_kernels.h"
 #include "model/kernel_choice.h"
 #include "model/llama.h"
 #include "tests/support/cpu_allocation_counter.h"
@@ -63,6 +64,7 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(plain.gradients, 4 * p);
   EXPECT_EQ(plain.optimizer, 8 * p);
   EXPECT_EQ(plain.optimizer_sharded, 8 * eighth);
+  EXPECT_EQ(plain.checkpoint_host, 8 * p);  // the whole state, read to resume
 
   config.dist.zero_stage = 1;
   const MemoryPlan sharded = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
@@ -80,16 +82,19 @@ TEST(MemoryPlan, ActivationsMatchWhatTheGraphOfAMicroBatchHolds) {
   for (const KernelChoice kernels : {KernelChoice::fused, KernelChoice::aten}) {
     const KernelChoiceGuard choice(kernels);
     for (const bool bf16 : {false, true}) {
-      const ComputePath path{.bf16 = bf16, .fused = kernels == KernelChoice::fused};
+      const bool ours = kernels == KernelChoice::fused;
+      const ComputePath path{.bf16 = bf16,
+                             .fused_layers = ours && fused_kernels_support(at::kFloat),
+                             .chunked_loss = ours};
       for (const bool checkpointing : {false, true}) {
         const int64_t measured = measured_activations(model, batch, length, bf16, checkpointing);
         // Held after forward, besides the activations: the weights' casts, and the chunked loss's
         // weight gradient (the gradients of the ATen path's logits come in backward).
         const int64_t planned = activation_bytes(model, batch * length, path, checkpointing) +
                                 (bf16 ? 2 * model.parameters() : 0) +
-                                (path.fused ? 4 * model.vocab_size * model.d_model : 0);
+                                (ours ? 4 * model.vocab_size * model.d_model : 0);
         EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(planned), 0.03 * measured)
-            << (path.fused ? "fused" : "aten") << (bf16 ? ", bf16" : ", fp32")
+            << (ours ? "fused" : "aten") << (bf16 ? ", bf16" : ", fp32")
             << (checkpointing ? ", checkpointing" : "");
       }
     }
@@ -124,6 +129,13 @@ TEST(MemoryPlan, APlanThatDoesNotFitNamesWhatWouldMakeItFit) {
   Config fixed = config;
   fixed.train.activation_checkpointing = true;
   EXPECT_TRUE(plan_memory(fixed, small).fits());
+  // Where no one remedy is enough, both with a smaller micro-batch.
+  PlanTarget tiny = roomy;
+  tiny.device_memory = 1'900'000'000;
+  const std::string tight = memory_shortfall(plan_memory(config, tiny), config);
+  EXPECT_CONTAINS(tight,
+                  "it would fit with dist.zero_stage=1, train.activation_checkpointing=true "
+                  "and data.micro_batch=");
 }
 
 }  // namespace
