@@ -1,7 +1,6 @@
 #include "model/activation_checkpoint.h"
 
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
@@ -11,54 +10,14 @@
 #include <mutex>
 #include <utility>
 
+#include "model/autocast_region.h"
+
 namespace mltrain {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using TensorFunction = std::function<at::Tensor(const at::Tensor&)>;
-
-// The autocast settings of one device type.
-struct AutocastSettings {
-  c10::DeviceType device_type;
-  bool enabled;
-  at::ScalarType dtype;
-  bool cache_enabled;
-
-  static AutocastSettings now(c10::DeviceType device_type) {
-    return {device_type, at::autocast::is_autocast_enabled(device_type),
-            at::autocast::get_autocast_dtype(device_type),
-            at::autocast::is_autocast_cache_enabled()};
-  }
-
-  void put_in_force() const {
-    at::autocast::set_autocast_enabled(device_type, enabled);
-    at::autocast::set_autocast_dtype(device_type, dtype);
-    at::autocast::set_autocast_cache_enabled(cache_enabled);
-  }
-};
-
-// The forward pass's autocast settings for the recomputation, and the caller's again when it ends.
-// As at torch.autocast's exit, the outermost region to end drops the cache of casted weights:
-// outside autocast nothing else would, and the copies would outlive the optimizer step that makes
-// them stale.
-class AutocastRegion {
- public:
-  explicit AutocastRegion(const AutocastSettings& settings)
-      : previous_(AutocastSettings::now(settings.device_type)) {
-    settings.put_in_force();
-    at::autocast::increment_nesting();
-  }
-  ~AutocastRegion() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    previous_.put_in_force();
-  }
-  AutocastRegion(const AutocastRegion&) = delete;
-  AutocastRegion& operator=(const AutocastRegion&) = delete;
-
- private:
-  AutocastSettings previous_;
-};
 
 // The states of the generators that random ops on a device draw from: the CPU default generator,
 // and the device's own default generator when it is another. ATen's device hooks reach a CUDA

@@ -12,22 +12,11 @@
 
 namespace mltrain {
 
-AutocastGuard::AutocastGuard(c10::Device device, bool enabled)
-    : device_type_(device.type()), enabled_(enabled) {
-  if (!enabled_) return;
-  previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
-  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
-  at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
-  at::autocast::set_autocast_enabled(device_type_, true);
-  at::autocast::increment_nesting();
-}
-
-AutocastGuard::~AutocastGuard() {
-  if (!enabled_) return;
-  // As torch.autocast's __exit__: the outermost exit drops the cache of casted weights.
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
-  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+AutocastGuard::AutocastGuard(c10::Device device, bool enabled) {
+  if (enabled) {
+    region_.emplace(AutocastSettings{device.type(), true, at::kBFloat16,
+                                     at::autocast::is_autocast_cache_enabled()});
+  }
 }
 
 at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {

@@ -4,8 +4,10 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <optional>
 #include <string>
 
+#include "model/autocast_region.h"
 #include "model/llama.h"
 
 namespace mltrain {
@@ -18,15 +20,9 @@ namespace mltrain {
 class AutocastGuard {
  public:
   AutocastGuard(c10::Device device, bool enabled);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  c10::DeviceType device_type_;
-  bool enabled_;
-  bool previous_enabled_ = false;
-  c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
+  std::optional<AutocastRegion> region_;  // none when not enabled
 };
 
 // How this CPU multiplies bf16, which decides whether bf16 autocast pays on it:

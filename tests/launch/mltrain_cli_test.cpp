@@ -56,6 +56,20 @@ TEST(MltrainCli, BadConfigKeyIsOneLineAndExitTwo) {
   EXPECT_EQ(lines(run.output), 1u) << run.output;
 }
 
+TEST(MltrainCli, BadValuesOfTheMemoryKeysAreOneLineAndExitTwo) {
+  for (const auto& [assignment, message] :
+       {std::pair{"dist.zero_stage=2", "dist.zero_stage must be between 0 and 1, got 2"},
+        std::pair{"train.activation_checkpointing=often",
+                  "train.activation_checkpointing expects true or false, got \"often\""},
+        std::pair{"train.check_memory=maybe",
+                  "train.check_memory expects true or false, got \"maybe\""}}) {
+    const CommandResult run = mltrain(kBase + " --dry-run --set " + assignment);
+    EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
+    EXPECT_CONTAINS(run.output, message);
+    EXPECT_EQ(lines(run.output), 1u) << run.output;
+  }
+}
+
 TEST(MltrainCli, InconsistentConfigExitsTwo) {
   const CommandResult run = mltrain(kBase + " --dry-run --set model.n_kv_heads=3");
   EXPECT_EQ(run.exit_code, kExitUserError);
@@ -147,9 +161,9 @@ TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mltrain("--help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
-  for (const char* flag :
-       {"-h,--help", "--set section.key=value", "--resume auto|PATH", "--eval-only",
-        "--export-hf OUT_DIR", "--plot", "--dry-run", "--dump-config"}) {
+  for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
+                           "--eval-only", "--export-hf OUT_DIR", "--plot", "--dry-run",
+                           "--ranks INT", "--device-memory-gb FLOAT", "--dump-config"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");

@@ -1,0 +1,32 @@
+#include "model/autocast_region.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace mltrain {
+namespace {
+
+void put_in_force(const AutocastSettings& settings) {
+  at::autocast::set_autocast_enabled(settings.device_type, settings.enabled);
+  at::autocast::set_autocast_dtype(settings.device_type, settings.dtype);
+  at::autocast::set_autocast_cache_enabled(settings.cache_enabled);
+}
+
+}  // namespace
+
+AutocastSettings AutocastSettings::now(c10::DeviceType device_type) {
+  return {device_type, at::autocast::is_autocast_enabled(device_type),
+          at::autocast::get_autocast_dtype(device_type), at::autocast::is_autocast_cache_enabled()};
+}
+
+AutocastRegion::AutocastRegion(const AutocastSettings& settings)
+    : previous_(AutocastSettings::now(settings.device_type)) {
+  put_in_force(settings);
+  at::autocast::increment_nesting();
+}
+
+AutocastRegion::~AutocastRegion() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  put_in_force(previous_);
+}
+
+}  // namespace mltrain
