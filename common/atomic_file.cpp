@@ -4,15 +4,17 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-#include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace mltrain {
 namespace {
 
+// A filesystem_error carries the reason as a code, by which a path the user may not write
+// (exit 2) is told from a full disk (exit 1).
 [[noreturn]] void fail(const std::string& what, const std::filesystem::path& path) {
-  throw std::runtime_error(what + " " + path.string() + ": " + std::strerror(errno));
+  throw std::filesystem::filesystem_error(what, path,
+                                          std::error_code(errno, std::generic_category()));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace mltrain {
 // the target, which commit() flushes with fsync, renames over the target and makes durable by
 // syncing the directory. Destroyed without commit() (an exception, a failed write) it removes the
 // temporary and leaves any existing target untouched. Write failures (disk full, permissions)
-// throw std::runtime_error naming the path.
+// throw std::filesystem::filesystem_error naming the path, with the reason as its code.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::filesystem::path target);

@@ -35,25 +35,32 @@ bool is_mlprep_file_name(const std::string& name) {
 }
 
 CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
-    : directory_(std::move(directory)), write_directory_(directory_) {
+    : directory_(std::move(directory)) {
   std::error_code error;
-  std::filesystem::create_directories(directory_, error);
+  made_directory_ = std::filesystem::create_directories(directory_, error);
   if (error) throw cannot("create the directory", directory_, error);
   std::filesystem::directory_iterator entries(directory_, error);
   if (error) throw cannot("list the directory", directory_, error);
-  if (entries == std::filesystem::directory_iterator()) return;  // new or empty
-  if (!overwrite) {
+  bool empty = true;
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.starts_with(kStagingPrefix)) {
+      // Left by a killed run, unless its process still runs: another mlprep writing here.
+      const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + kStagingPrefix.size()));
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        remove_tree(entry.path());
+        continue;
+      }
+      throw UserError(fmt::format("--out {}: another mlprep (process {}) is writing there",
+                                  directory_.string(), pid));
+    }
+    empty = false;
+  }
+  if (!empty && !overwrite) {
     throw UserError(fmt::format(
         "--out {}: the directory is not empty; mlprep writes into a new or empty one "
         "(--overwrite replaces the shards and tokenizer in it once the new ones are complete)",
         directory_.string()));
-  }
-  for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || !name.starts_with(kStagingPrefix)) continue;
-    // Left by a killed run, unless its process still runs: another mlprep writing here.
-    const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + kStagingPrefix.size()));
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) remove_tree(entry.path());
   }
   write_directory_ = directory_ / fmt::format("{}{}", kStagingPrefix, ::getpid());
   std::filesystem::create_directory(write_directory_, error);
@@ -61,13 +68,13 @@ CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
 }
 
 CorpusOutput::~CorpusOutput() {
-  if (write_directory_ == directory_ || publishing_) return;
+  if (published_ || publishing_) return;
   std::error_code ignored;
   remove_tree(write_directory_, ignored);
+  if (made_directory_) std::filesystem::remove(directory_, ignored);  // only if empty
 }
 
 void CorpusOutput::publish() {
-  if (write_directory_ == directory_) return;
   std::set<std::string> staged;
   for (const auto& entry : std::filesystem::directory_iterator(write_directory_))
     staged.insert(entry.path().filename().string());
@@ -97,7 +104,7 @@ void CorpusOutput::publish() {
         directory_.string(), error.what(), write_directory_.string()));
   }
   remove_tree(write_directory_);
-  write_directory_ = directory_;
+  published_ = true;
   fsync_directory(directory_);
 }
 

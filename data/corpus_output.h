@@ -5,29 +5,33 @@
 
 namespace mltrain {
 
-// Where mlprep writes a corpus. A new or empty directory is written into directly. A non-empty one
-// is refused (a UserError) unless `overwrite`; then the new corpus is written into a staging
-// directory inside it, and publish() moves it over mlprep's earlier files (shards, tokenizer,
-// their temporaries) and removes those it did not replace, so that a run that fails leaves the
-// earlier corpus as it was. Files that are not mlprep's are never touched. A staging directory
-// left by a killed run goes with the next run that overwrites.
+// Where mlprep writes a corpus. The shards and the tokenizer are written into a staging directory
+// inside it, and publish() moves them into place once the corpus is complete, so that a run that
+// fails or is killed leaves the directory as it was: a new directory it made is removed again, and
+// a killed run's staging directory goes with the next run. A non-empty directory is refused (a
+// UserError) unless `overwrite`; then publish() moves the new files over mlprep's earlier ones
+// (shards, tokenizer, their temporaries) and removes those it did not replace. Files that are not
+// mlprep's are never touched. A directory another mlprep is writing into is refused.
 class CorpusOutput {
  public:
   CorpusOutput(std::filesystem::path directory, bool overwrite);
-  // Unpublished, the staging directory and what it holds go.
+  // Unpublished, the staging directory and what it holds go, and the directory too when this run
+  // made it and it is empty again.
   ~CorpusOutput();
   CorpusOutput(const CorpusOutput&) = delete;
   CorpusOutput& operator=(const CorpusOutput&) = delete;
 
-  // Where the shards and the tokenizer go now.
+  // Where the shards and the tokenizer go until publish().
   const std::filesystem::path& write_directory() const { return write_directory_; }
-  // Moves what was written into the directory, if it was staged.
+  // Moves what was written into the directory.
   void publish();
 
  private:
   std::filesystem::path directory_;
   std::filesystem::path write_directory_;
+  bool made_directory_ = false;
   bool publishing_ = false;
+  bool published_ = false;
 };
 
 // Whether a file name is one that mlprep writes: a shard, the tokenizer, or a temporary of either.

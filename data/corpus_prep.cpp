@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "data/bpe_encoder.h"
 #include "data/corpus_output.h"
@@ -39,6 +40,14 @@ void check_options(const CorpusPrepOptions& options) {
     std::error_code error;
     if (std::filesystem::is_directory(input, error))
       throw UserError(fmt::format("{}: cannot read the input file: a directory", input.string()));
+    // A device or a socket is no corpus: /dev/zero, say, is one endless line.
+    const auto kind = std::filesystem::status(input, error).type();
+    if (kind == std::filesystem::file_type::character ||
+        kind == std::filesystem::file_type::block || kind == std::filesystem::file_type::socket) {
+      throw UserError(
+          fmt::format("{}: a device or a socket, not a corpus: give files, directories or a pipe",
+                      input.string()));
+    }
     // Training a tokenizer reads the inputs twice, and a pipe gives its bytes once.
     if (!std::filesystem::is_regular_file(input, error) && options.tokenizer.empty()) {
       throw UserError(fmt::format(
@@ -60,9 +69,10 @@ std::filesystem::path make_tokenizer(const CorpusPrepOptions& options,
                                      const std::filesystem::path& directory) {
   const std::filesystem::path model = directory / "tokenizer.model";
   if (!options.tokenizer.empty()) {
-    const Tokenizer check(options.tokenizer);  // fails clearly before anything is copied
-    std::filesystem::copy_file(options.tokenizer, model,
-                               std::filesystem::copy_options::overwrite_existing);
+    // Loaded first, so that a file that is no tokenizer fails clearly; written as loaded, so that
+    // the file is read once.
+    const Tokenizer given(options.tokenizer);
+    write_file_atomically(model, given.serialized());
     return model;
   }
   auto start = std::chrono::steady_clock::now();

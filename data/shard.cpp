@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
+#include "data/mapping_read_guard.h"
 
 namespace mltrain {
 namespace {
@@ -138,22 +140,31 @@ int64_t ShardSeriesWriter::finish() {
   return shards_;
 }
 
-ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size) : path_(std::move(path)) {
+namespace {
+
+int64_t modified_ns(const struct stat& status) {
+  return static_cast<int64_t>(status.st_mtim.tv_sec) * 1'000'000'000 + status.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size)
+    : path_(std::move(path)), vocab_size_(vocab_size) {
   const auto fail = [this](const std::string& what) {
     return UserError(fmt::format("{}: {}", path_.string(), what));
   };
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw fail(fmt::format("cannot open token shard: {}", std::strerror(errno)));
+  const InputFile file(path_, "token shard");
   struct stat status {};
-  ::fstat(fd, &status);
-  const uint64_t file_bytes = static_cast<uint64_t>(status.st_size);
+  if (::fstat(file.fd(), &status) != 0)
+    throw fail(fmt::format("cannot read token shard: {}", std::strerror(errno)));
+  opened_ = {status.st_dev, status.st_ino, status.st_size, modified_ns(status)};
+  const uint64_t file_bytes = file.size();
   if (file_bytes < static_cast<uint64_t>(kShardHeaderBytes)) {
-    ::close(fd);
     throw fail(fmt::format("{} bytes is shorter than the {}-byte shard header", file_bytes,
                            kShardHeaderBytes));
   }
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file open
+  // The mapping keeps the file open once `file` closes its descriptor.
+  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (mapping == MAP_FAILED) throw fail(fmt::format("cannot map: {}", std::strerror(errno)));
   mapping_ = static_cast<const unsigned char*>(mapping);
   mapping_bytes_ = file_bytes;
@@ -182,7 +193,7 @@ ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size) : path_
                       num_tokens_, expected, file_bytes,
                       file_bytes < expected ? "truncated" : "longer than its count"));
     }
-    check_token_ids(vocab_size);
+    check_token_ids();
   } catch (...) {
     ::munmap(const_cast<unsigned char*>(mapping_), mapping_bytes_);
     throw;
@@ -193,6 +204,8 @@ ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size) : path_
 
 ShardReader::ShardReader(ShardReader&& other) noexcept
     : path_(std::move(other.path_)),
+      vocab_size_(other.vocab_size_),
+      opened_(other.opened_),
       mapping_(std::exchange(other.mapping_, nullptr)),
       mapping_bytes_(other.mapping_bytes_),
       num_tokens_(other.num_tokens_),
@@ -202,34 +215,63 @@ ShardReader::~ShardReader() {
   if (mapping_ != nullptr) ::munmap(const_cast<unsigned char*>(mapping_), mapping_bytes_);
 }
 
-void ShardReader::check_token_ids(int64_t vocab_size) const {
+void ShardReader::check_token_ids() const {
   const unsigned char* tokens = mapping_ + kShardHeaderBytes;
   ::madvise(const_cast<unsigned char*>(mapping_), mapping_bytes_, MADV_SEQUENTIAL);
+  const MappingReadGuard guard(mapping_, mapping_bytes_);
   const int64_t largest = token_bytes_ == 2
                               ? max_token(reinterpret_cast<const uint16_t*>(tokens), num_tokens_)
                               : max_token(reinterpret_cast<const uint32_t*>(tokens), num_tokens_);
-  if (largest < vocab_size) return;
+  if (guard.faulted()) fail_changed(change_since_opened());
+  if (largest < vocab_size_) return;
   // Rare: find the first offender for the message.
-  std::vector<int64_t> one(1);
   for (int64_t i = 0; i < num_tokens_; ++i) {
-    read(i, one);
-    if (one[0] >= vocab_size) {
+    const int64_t token = token_bytes_ == 2 ? reinterpret_cast<const uint16_t*>(tokens)[i]
+                                            : reinterpret_cast<const uint32_t*>(tokens)[i];
+    if (token >= vocab_size_) {
       throw UserError(
           fmt::format("{}: offset {}: token {} (index {}) is not below the vocabulary "
                       "size {} (model.vocab_size): was the shard made with another "
                       "tokenizer?",
-                      path_.string(), kShardHeaderBytes + i * token_bytes_, one[0], i, vocab_size));
+                      path_.string(), kShardHeaderBytes + i * token_bytes_, token, i, vocab_size_));
     }
   }
 }
 
+std::string ShardReader::change_since_opened() const {
+  struct stat status {};
+  if (::stat(path_.c_str(), &status) != 0) return "it was removed";
+  if (status.st_dev != opened_.device || status.st_ino != opened_.inode)
+    return "another file was put in its place";
+  if (status.st_size != opened_.bytes) {
+    return fmt::format("it was {} bytes and is now {} ({})", opened_.bytes, status.st_size,
+                       status.st_size < opened_.bytes ? "truncated" : "it grew");
+  }
+  if (modified_ns(status) != opened_.modified_ns) return "it was written to";
+  return "";
+}
+
+void ShardReader::fail_changed(const std::string& what) const {
+  throw std::runtime_error(fmt::format(
+      "{}: the token shard changed while mltrain read it ({}): a shard must stay as it is while "
+      "a run reads it; restore it, then resume from the last checkpoint",
+      path_.string(),
+      what.empty() ? "its tokens are no longer the ones it was opened with" : what));
+}
+
 void ShardReader::read(int64_t start, std::span<int64_t> out) const {
+  if (const std::string change = change_since_opened(); !change.empty()) fail_changed(change);
   const unsigned char* bytes = mapping_ + kShardHeaderBytes + start * token_bytes_;
+  const MappingReadGuard guard(bytes, out.size() * static_cast<size_t>(token_bytes_));
   if (token_bytes_ == 2) {
     widen<uint16_t>(bytes, out);
   } else {
     widen<uint32_t>(bytes, out);
   }
+  if (guard.faulted()) fail_changed(change_since_opened());
+  // Opening checked every id; one that is out of range now was written since, in a way that kept
+  // the file's size and time.
+  if (!out.empty() && *std::max_element(out.begin(), out.end()) >= vocab_size_) fail_changed("");
 }
 
 }  // namespace mltrain

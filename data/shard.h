@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -77,6 +79,9 @@ class ShardSeriesWriter {
 // A shard mapped read-only; never copied whole. Opening validates the header, that the file size
 // is exactly header + count x token size, and, with a full vectorised scan, that every token id
 // is below vocab_size. Each failure is a UserError naming the file, the offset and the problem.
+// The shard must then stay as it is: a read that finds it truncated, replaced, modified or
+// holding an id the scan did not see throws a runtime error that names the file and the change,
+// where the mapping alone would have crashed (SIGBUS) or trained on other data.
 class ShardReader {
  public:
   ShardReader(std::filesystem::path path, int64_t vocab_size);
@@ -94,9 +99,22 @@ class ShardReader {
   void read(int64_t start, std::span<int64_t> out) const;
 
  private:
-  void check_token_ids(int64_t vocab_size) const;
+  // What identifies the file's contents as they were validated.
+  struct Identity {
+    dev_t device;
+    ino_t inode;
+    int64_t bytes;
+    int64_t modified_ns;
+  };
+
+  void check_token_ids() const;
+  // How the file at path_ differs from the one opened; empty when it does not.
+  std::string change_since_opened() const;
+  [[noreturn]] void fail_changed(const std::string& what) const;
 
   std::filesystem::path path_;
+  int64_t vocab_size_;
+  Identity opened_{};
   const unsigned char* mapping_ = nullptr;
   size_t mapping_bytes_ = 0;
   int64_t num_tokens_ = 0;

@@ -10,12 +10,30 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace mltrain {
 namespace {
 
-// Feeds the trainer one line of the documents at a time: SentencePiece learns from lines, and the
-// newlines themselves are encoded through byte fallback.
+// SentencePiece models are a few MB even for vocabularies of a million pieces.
+constexpr uint64_t kMaxModelBytes = uint64_t{1} << 30;
+
+// SentencePiece's trainer passes over a sentence longer than its max_sentence_length. A corpus of
+// long unbroken lines (a book as one line, a minified file) would leave it nothing to learn from.
+constexpr size_t kMaxLineBytes = 65536;
+
+// Where to cut a line of `text` from `begin` that runs past kMaxLineBytes: after the last space of
+// the piece's second half, else at the last character boundary, so that no UTF-8 character is cut.
+size_t cut_point(const std::string& text, size_t begin) {
+  size_t end = begin + kMaxLineBytes;
+  for (size_t after = end; after > begin + kMaxLineBytes / 2; --after)
+    if (text[after - 1] == ' ') return after;
+  while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return end;
+}
+
+// Feeds the trainer one line of the documents at a time, a long one in pieces: SentencePiece
+// learns from lines, and the newlines themselves are encoded through byte fallback.
 class LineIterator : public sentencepiece::SentenceIterator {
  public:
   explicit LineIterator(const std::vector<std::string>& documents) : documents_(documents) {
@@ -35,9 +53,11 @@ class LineIterator : public sentencepiece::SentenceIterator {
         offset_ = 0;
         continue;
       }
-      const size_t end = std::min(text.find('\n', offset_), text.size());
+      const size_t line_end = std::min(text.find('\n', offset_), text.size());
+      const bool too_long = line_end - offset_ > kMaxLineBytes;
+      const size_t end = too_long ? cut_point(text, offset_) : line_end;
       line_ = text.substr(offset_, end - offset_);
-      offset_ = end + 1;
+      offset_ = too_long ? end : end + 1;
       if (!line_.empty()) return;
     }
   }
@@ -92,7 +112,8 @@ Tokenizer::Tokenizer(const std::filesystem::path& model)
                     "tokenizer.model beside the shards)",
                     model.string()));
   }
-  const auto status = processor_->Load(model.string());
+  const auto status =
+      processor_->LoadFromSerializedProto(read_text_file(model, "tokenizer model", kMaxModelBytes));
   if (!status.ok()) {
     throw UserError(
         fmt::format("{}: not a SentencePiece model ({})", model.string(), status.ToString()));
@@ -146,7 +167,7 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
       {"add_dummy_prefix", "false"},
       {"split_digits", "true"},
       {"allow_whitespace_only_pieces", "true"},
-      {"max_sentence_length", "65536"},
+      {"max_sentence_length", std::to_string(kMaxLineBytes)},
       {"input_sentence_size", "4000000"},
       {"shuffle_input_sentence", "true"},
       {"num_threads", std::to_string(threads)},

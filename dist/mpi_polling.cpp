@@ -14,29 +14,37 @@ namespace {
 
 class MpiHostSum : public PendingSum {
  public:
-  MpiHostSum(double value, double timeout_s) : value_(value), timeout_s_(timeout_s) {
-    check_mpi(MPI_Iallreduce(&value_, &sum_, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &request_),
+  MpiHostSum(double value, double timeout_s)
+      : buffers_(std::make_unique<Buffers>(Buffers{value, 0.0})), timeout_s_(timeout_s) {
+    check_mpi(MPI_Iallreduce(&buffers_->value, &buffers_->sum, 1, MPI_DOUBLE, MPI_SUM,
+                             MPI_COMM_WORLD, &request_),
               "MPI_Iallreduce");
   }
-  MpiHostSum(const MpiHostSum&) = delete;  // MPI holds the addresses of value_ and sum_
+  MpiHostSum(const MpiHostSum&) = delete;
   MpiHostSum& operator=(const MpiHostSum&) = delete;
-  // A sum dropped unwaited (a run unwinding from an error) must not free what MPI still writes.
+  // A sum dropped before it completed belongs to a run unwinding from an error, on its way to
+  // MPI_Abort. Waiting for it could take another dist.timeout_s (the rank that hangs will not
+  // answer this one either), so it is not waited for; its buffers are left to MPI, which may
+  // still write them, rather than freed under it.
   ~MpiHostSum() override {
-    try {
-      wait();
-    } catch (const std::exception&) {  // the error being unwound from is the one to report
-    }
+    int done = 0;
+    if (request_ != MPI_REQUEST_NULL &&
+        (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done == 0))
+      (void)buffers_.release();
   }
 
   double wait() override {
     if (request_ != MPI_REQUEST_NULL)
       wait_for(request_, timeout_s_, "the all-reduce of a host value");
-    return sum_;
+    return buffers_->sum;
   }
 
  private:
-  double value_;
-  double sum_ = 0.0;
+  struct Buffers {
+    double value;
+    double sum;
+  };
+  std::unique_ptr<Buffers> buffers_;  // where MPI reads and writes
   double timeout_s_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };

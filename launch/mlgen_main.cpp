@@ -6,7 +6,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +19,7 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "common/number_arguments.h"
 #include "data/text_stream.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
@@ -29,6 +29,9 @@
 #include "trainer/device.h"
 
 namespace {
+
+using mltrain::parse_number;
+using mltrain::text_check;
 
 const char* const kDescription =
     R"(Loads the weights of a checkpoint (a run directory's newest one, verified against its
@@ -55,28 +58,6 @@ struct GenerateArguments {
   bool greedy = false;
   std::string device = "auto";
 };
-
-// A CLI11 check of an option's text, before CLI11 converts it, so that the error says what is
-// expected: `accepts` holds the text or not, `expected` says what it should be.
-CLI::Validator text_check(std::function<bool(const std::string&)> accepts, std::string expected) {
-  return CLI::Validator(
-      [accepts = std::move(accepts), expected = std::move(expected)](const std::string& value) {
-        if (accepts(value)) return std::string();
-        return fmt::format("expected {}, got \"{}\"", expected, value);
-      },
-      "");
-}
-
-template <typename Number>
-std::optional<Number> parse_number(const std::string& text) {
-  Number number{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  if constexpr (std::is_floating_point_v<Number>) {
-    if (!std::isfinite(number)) return std::nullopt;
-  }
-  return number;
-}
 
 // The arguments of the command line; none (the help printed) for --help. A bad argument is a
 // one-line UserError.

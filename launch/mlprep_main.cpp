@@ -2,13 +2,13 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <charconv>
 #include <optional>
 #include <thread>
 
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "common/number_arguments.h"
 #include "data/corpus_prep.h"
 #include "data/shard.h"
 
@@ -21,44 +21,13 @@ DIR/val_000000.bin... (llm.c token shards) and DIR/tokenizer.model. Memory stays
 the corpus's size; the shards are the same for any --threads; each appears whole or not at all.
 )";
 
-// All of `text` as one number, or none.
-template <class T>
-std::optional<T> parse_number(const std::string& text) {
-  T number{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return number;
-}
-
-// Numbers are checked as text, before CLI11 converts them, so that the error says what is expected.
-CLI::Validator integer_at_least(int64_t min) {
-  return CLI::Validator(
-      [min](const std::string& value) {
-        const std::optional<int64_t> number = parse_number<int64_t>(value);
-        if (number && *number >= min) return std::string();
-        return fmt::format("expected an integer of at least {}, got \"{}\"", min, value);
-      },
-      "");
-}
-
-CLI::Validator integer_between(int64_t min, int64_t max) {
-  return CLI::Validator(
-      [min, max](const std::string& value) {
-        const std::optional<int64_t> number = parse_number<int64_t>(value);
-        if (number && *number >= min && *number <= max) return std::string();
-        return fmt::format("expected an integer from {} to {}, got \"{}\"", min, max, value);
-      },
-      "");
-}
-
 CLI::Validator fraction() {
-  return CLI::Validator(
+  return mltrain::text_check(
       [](const std::string& value) {
-        const std::optional<double> number = parse_number<double>(value);
-        if (number && *number >= 0.0 && *number < 1.0) return std::string();
-        return fmt::format("expected a number in [0, 1), got \"{}\"", value);
+        const std::optional<double> number = mltrain::parse_number<double>(value);
+        return number && *number >= 0.0 && *number < 1.0;
       },
-      "");
+      "a number in [0, 1)");
 }
 
 // mlprep's arguments, bound to `options`, `inputs` and `format`: parsing and --help both come
@@ -87,14 +56,14 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
                "count and pass over jsonl lines without the text field, instead of stopping");
   app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
       ->type_name("N")
-      ->check(integer_at_least(260));
+      ->check(mltrain::integer_at_least(260));
   app.add_option("--tokenizer", options.tokenizer,
                  "use this SentencePiece model instead of training one")
       ->type_name("MODEL");
   app.add_option("--tokenizer-sample-mb", options.tokenizer_sample_mb,
                  "the tokenizer trains on a seeded sample of this much text; default 100")
       ->type_name("MB")
-      ->check(integer_between(1, 1'000'000));
+      ->check(mltrain::integer_between(1, 1'000'000));
   app.add_option("--val-fraction", options.val_fraction,
                  "share of documents held out for validation, chosen by a seeded hash\n"
                  "of their text; default 0.05")
@@ -102,16 +71,16 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
       ->check(fraction());
   app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard file; default 100000000")
       ->type_name("N")
-      ->check(integer_between(1, mltrain::kMaxShardTokens));
+      ->check(mltrain::integer_between(1, mltrain::kMaxShardTokens));
   app.add_flag("--overwrite", options.overwrite,
                "replace the shards and tokenizer of a non-empty --out directory");
   app.add_option("--threads", options.threads, "encoding and training threads; default: all cores")
       ->type_name("N")
-      ->check(integer_at_least(1));
+      ->check(mltrain::integer_at_least(1));
   app.add_option("--seed", options.seed,
                  "seed of the validation split and the tokenizer's sample; default 1337")
       ->type_name("N")
-      ->check(integer_at_least(0));
+      ->check(mltrain::integer_at_least(0));
 }
 
 // The options of the command line; none (the help printed) for --help. A bad argument is a

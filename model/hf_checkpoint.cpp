@@ -4,14 +4,13 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "model/hf_state_dict.h"
 
 namespace mltrain {
@@ -19,20 +18,13 @@ namespace {
 
 const char* const kIndexName = "model.safetensors.index.json";
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(fmt::format("{}: cannot read the file", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The index's "weight_map" turned around: each shard's file name and the tensors in it. A shard
 // name must be a file of the directory, so that an index cannot make us read elsewhere.
 std::map<std::string, std::vector<std::string>> shard_contents(const std::filesystem::path& index) {
   std::map<std::string, std::vector<std::string>> contents;
   try {
-    const nlohmann::json weight_map = nlohmann::json::parse(read_text(index)).at("weight_map");
+    const nlohmann::json weight_map =
+        nlohmann::json::parse(read_text_file(index, "safetensors index")).at("weight_map");
     for (const auto& [tensor, shard] : weight_map.items()) {
       const std::string name = shard.get<std::string>();
       if (name.empty() || std::filesystem::path(name).filename() != name || name == "." ||
@@ -91,7 +83,7 @@ bool is_hf_model_directory(const std::filesystem::path& directory) {
 
 HfConfig read_hf_config(const std::filesystem::path& directory) {
   const std::filesystem::path path = directory / "config.json";
-  return parse_hf_config(read_text(path), path.string());
+  return parse_hf_config(read_text_file(path, "Hugging Face config"), path.string());
 }
 
 NamedTensors load_hf_tensors(const std::filesystem::path& directory) {

@@ -11,6 +11,25 @@ void require_positive(int64_t value, const char* key) {
   if (value < 1) throw UserError(fmt::format("model.{} must be at least 1, got {}", key, value));
 }
 
+// parameters() in int64 is exact once the same sum in double is below kMaxParameters: each of
+// its terms is at most the sum.
+void check_countable(const ModelConfig& model) {
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  const double q = count(model.n_q_heads) * count(model.head_dim);
+  const double kv = count(model.n_kv_heads) * count(model.head_dim);
+  const double d = count(model.d_model);
+  const double block = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * count(model.d_ffn);
+  const double total = count(model.vocab_size) * d * (model.tie_word_embeddings ? 1 : 2) +
+                       count(model.n_layers) * block + d;
+  if (total <= static_cast<double>(ModelConfig::kMaxParameters)) return;
+  throw UserError(fmt::format(
+      "the model.* keys describe a model of {:.3g} parameters, more than the {:.3g} mltrain can "
+      "train: model.vocab_size {}, d_model {}, n_layers {}, n_q_heads {}, n_kv_heads {}, "
+      "head_dim {}, d_ffn {}",
+      total, static_cast<double>(ModelConfig::kMaxParameters), model.vocab_size, model.d_model,
+      model.n_layers, model.n_q_heads, model.n_kv_heads, model.head_dim, model.d_ffn));
+}
+
 }  // namespace
 
 void ModelConfig::validate() const {
@@ -42,6 +61,7 @@ void ModelConfig::validate() const {
   if (!(init_std > 0.0)) {
     throw UserError(fmt::format("model.init_std must be positive, got {}", init_std));
   }
+  check_countable(*this);
 }
 
 int64_t ModelConfig::block_parameters() const {

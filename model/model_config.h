@@ -7,6 +7,10 @@ namespace mltrain {
 // The shape of a LLaMA-style decoder. The defaults are the 0.04B MiniLLaMA of the model chapter
 // (DESIGN.md's table); the YAML keys under `model:` have these names.
 struct ModelConfig {
+  // The most parameters a model may have: hundreds of times the largest ever trained, so that
+  // every count derived from the shape (bytes, FLOPs, parts per rank) stays far inside 64 bits.
+  static constexpr int64_t kMaxParameters = int64_t{1} << 48;
+
   int64_t vocab_size = 4096;
   int64_t d_model = 512;
   int64_t n_layers = 12;
@@ -20,7 +24,8 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   double init_std = 0.02;
 
-  // Throws UserError naming the `model.*` key when the values cannot describe a model.
+  // Throws UserError naming the `model.*` key when the values cannot describe a model, or
+  // describe one of more than kMaxParameters.
   void validate() const;
 
   // The parameters of one decoder block: two norm weights, the four attention projections and

@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace mltrain {
 namespace {
@@ -56,24 +56,52 @@ struct TensorEntry {
   uint64_t end;
 };
 
+// The entry's non-negative integers under `key`: a list, or (as data_offsets) exactly `count`.
+std::vector<uint64_t> unsigned_list(const nlohmann::json& entry, const char* key) {
+  const auto found = entry.find(key);
+  if (found == entry.end() || !found->is_array())
+    throw std::invalid_argument(fmt::format("\"{}\" must be a list of integers", key));
+  std::vector<uint64_t> values;
+  for (const nlohmann::json& value : *found) {
+    // Non-negative integers are the only ones JSON parsing stores unsigned.
+    if (!value.is_number_unsigned()) {
+      throw std::invalid_argument(
+          fmt::format("\"{}\" holds {}, not a non-negative integer", key, value.dump()));
+    }
+    values.push_back(value.get<uint64_t>());
+  }
+  return values;
+}
+
 TensorEntry parse_entry(const std::string& name, const nlohmann::json& entry) {
-  TensorEntry parsed{name, parse_dtype(entry.at("dtype").get<std::string>()),
-                     entry.at("shape").get<std::vector<int64_t>>(), 0, 0};
-  const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+  if (!entry.is_object()) throw std::invalid_argument("its entry must be a JSON object");
+  const auto dtype = entry.find("dtype");
+  if (dtype == entry.end() || !dtype->is_string())
+    throw std::invalid_argument("\"dtype\" must be a string");
+  TensorEntry parsed{name, parse_dtype(dtype->get<std::string>()), {}, 0, 0};
+  const std::vector<uint64_t> offsets = unsigned_list(entry, "data_offsets");
   if (offsets.size() != 2 || offsets[0] > offsets[1]) {
     throw std::invalid_argument("data_offsets must be [begin, end] with begin <= end");
   }
   parsed.begin = offsets[0];
   parsed.end = offsets[1];
+  // The bytes, and the strides a tensor of this shape has, must be countable in 64 bits: a shape
+  // whose product overflows could otherwise pass for one of few bytes.
   uint64_t bytes = at::elementSize(parsed.dtype);
-  for (const int64_t dim : parsed.shape) {
-    if (dim < 0) throw std::invalid_argument("negative dimension in shape");
-    bytes *= static_cast<uint64_t>(dim);
+  uint64_t largest_stride = bytes;
+  for (const uint64_t dim : unsigned_list(entry, "shape")) {
+    if (dim > static_cast<uint64_t>(INT64_MAX) ||
+        __builtin_mul_overflow(largest_stride, std::max<uint64_t>(dim, 1), &largest_stride) ||
+        largest_stride > static_cast<uint64_t>(INT64_MAX)) {
+      throw std::invalid_argument("its shape has more elements than 64-bit sizes count");
+    }
+    bytes *= dim;
+    parsed.shape.push_back(static_cast<int64_t>(dim));
   }
   if (bytes != parsed.end - parsed.begin) {
     throw std::invalid_argument(fmt::format(
         "shape [{}] of {} needs {} bytes but data_offsets span {}", fmt::join(parsed.shape, ", "),
-        entry.at("dtype").get<std::string>(), bytes, parsed.end - parsed.begin));
+        dtype->get<std::string>(), bytes, parsed.end - parsed.begin));
   }
   return parsed;
 }
@@ -111,22 +139,20 @@ NamedTensors load_safetensors(const std::filesystem::path& path) {
   const auto fail = [&path](const std::string& what) {
     return UserError(fmt::format("{}: {}", path.string(), what));
   };
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw fail("cannot open safetensors file");
-  const uint64_t file_size = std::filesystem::file_size(path);
+  const InputFile in(path, "safetensors file");
+  const uint64_t file_size = in.size();
 
   uint64_t header_length = 0;
-  if (file_size < sizeof(header_length) ||
-      !in.read(reinterpret_cast<char*>(&header_length), sizeof(header_length))) {
+  if (file_size < sizeof(header_length))
     throw fail("truncated: shorter than the 8-byte header length");
-  }
+  in.read_at(0, &header_length, sizeof(header_length));
   if (header_length > kMaxHeaderBytes || header_length > file_size - sizeof(header_length)) {
     throw fail(
         fmt::format("header length {} does not fit a file of {} bytes (corrupt or truncated)",
                     header_length, file_size));
   }
   std::string header_text(header_length, '\0');
-  in.read(header_text.data(), static_cast<std::streamsize>(header_length));
+  in.read_at(sizeof(header_length), header_text.data(), header_length);
 
   nlohmann::json header;
   try {
@@ -174,11 +200,8 @@ NamedTensors load_safetensors(const std::filesystem::path& path) {
   NamedTensors tensors;
   for (const TensorEntry& entry : entries) {
     at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
-    in.seekg(static_cast<std::streamoff>(sizeof(header_length) + header_length + entry.begin));
-    if (!in.read(static_cast<char*>(tensor.data_ptr()),
-                 static_cast<std::streamsize>(entry.end - entry.begin))) {
-      throw fail(fmt::format("cannot read tensor '{}'", entry.name));
-    }
+    in.read_at(sizeof(header_length) + header_length + entry.begin, tensor.data_ptr(),
+               entry.end - entry.begin);
     tensors.emplace(entry.name, std::move(tensor));
   }
   return tensors;

@@ -5,81 +5,48 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
-#include <torch/version.h>
 #include <xxhash.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/input_file.h"
 #include "model/hf_state_dict.h"
 #include "model/safetensors.h"
 
 namespace mltrain {
 namespace {
 
-constexpr int kStateFormat = 1;
-
 // XXH3 of a file's bytes, as 16 hex digits.
 std::string file_checksum(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(fmt::format("{}: cannot read checkpoint file", path.string()));
+  const InputFile in(path, "checkpoint file");
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   std::vector<char> buffer(1 << 20);
-  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-    XXH3_64bits_update(state, buffer.data(), static_cast<size_t>(in.gcount()));
+  uint64_t offset = 0;
+  while (const size_t count = in.read_some(offset, buffer.data(), buffer.size())) {
+    XXH3_64bits_update(state, buffer.data(), count);
+    offset += count;
   }
   const XXH64_hash_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return fmt::format("{:016x}", hash);
 }
 
-std::string hex(const at::Tensor& bytes) {
-  std::string text;
-  const auto* data = bytes.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < bytes.numel(); ++i) text += fmt::format("{:02x}", data[i]);
-  return text;
-}
-
-at::Tensor from_hex(const std::string& text) {
-  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size() / 2)}, at::kByte);
-  for (int64_t i = 0; i < bytes.numel(); ++i) {
-    bytes.data_ptr<uint8_t>()[i] =
-        static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
-  }
-  return bytes;
-}
-
-nlohmann::json read_state(const std::filesystem::path& checkpoint) {
-  const auto path = checkpoint / "state.json";
-  std::ifstream in(path);
-  if (!in)
-    throw UserError(fmt::format("{}: not a checkpoint (no state.json)", checkpoint.string()));
-  try {
-    nlohmann::json state = nlohmann::json::parse(in);
-    if (state.at("format").get<int>() != kStateFormat) {
-      throw UserError(fmt::format("{}: checkpoint format {} is not {}", path.string(),
-                                  state["format"].dump(), kStateFormat));
-    }
-    return state;
-  } catch (const nlohmann::json::exception& error) {
-    throw UserError(fmt::format("{}: damaged checkpoint state ({})", path.string(), error.what()));
-  }
-}
-
-void verify_files(const std::filesystem::path& checkpoint, const nlohmann::json& state) {
-  for (const auto& [name, checksum] : state.at("checksums_xxh3").items()) {
+CheckpointState verified_state(const std::filesystem::path& checkpoint) {
+  CheckpointState state = read_checkpoint_state(checkpoint);
+  for (const auto& [name, checksum] : state.checksums) {
     const auto path = checkpoint / name;
     if (!std::filesystem::exists(path))
       throw UserError(fmt::format("{}: missing from the checkpoint", path.string()));
-    if (file_checksum(path) != checksum.get<std::string>()) {
+    if (file_checksum(path) != checksum) {
       throw UserError(
           fmt::format("{}: checksum mismatch: the file is corrupted or truncated", path.string()));
     }
   }
+  return state;
 }
 
 // The model keys of the checkpoint's config must equal the run's; other keys may change.
@@ -114,53 +81,43 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
   save_safetensors(directory / "optimizer.safetensors", optimizer_state);
   write_file_atomically(directory / "config.yaml", config_to_yaml(config));
 
-  nlohmann::json files = nlohmann::json::object();
-  for (const char* name : {"model.safetensors", "optimizer.safetensors", "config.yaml"}) {
-    files[name] = file_checksum(directory / name);
-  }
-  const nlohmann::json state = {
-      {"format", kStateFormat},
-      {"step", progress.step},
-      {"samples_consumed", progress.samples_consumed},
-      {"tokens_seen", progress.tokens_seen},
-      {"learning_rate", progress.learning_rate},
-      {"best_val_loss", std::isfinite(progress.best_val_loss)
-                            ? nlohmann::json(progress.best_val_loss)
-                            : nlohmann::json()},
-      {"world_size", world_size},
-      {"rng", {{"cpu", hex(at::detail::getDefaultCPUGenerator().get_state())}}},
-      {"checksums_xxh3", files},
-      {"versions", {{"mltrain", MLTRAIN_VERSION}, {"torch", TORCH_VERSION}}},
-  };
-  write_file_atomically(directory / "state.json", state.dump(2) + "\n");
+  CheckpointState state;
+  state.progress = progress;
+  state.world_size = world_size;
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  state.cpu_rng.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+  for (const std::string& name : checkpoint_files())
+    state.checksums[name] = file_checksum(directory / name);
+  write_file_atomically(directory / "state.json", checkpoint_state_json(state));
 }
 
-void verify_checkpoint(const std::filesystem::path& checkpoint) {
-  verify_files(checkpoint, read_state(checkpoint));
-}
+void verify_checkpoint(const std::filesystem::path& checkpoint) { verified_state(checkpoint); }
 
 TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
                                  Optimizer& optimizer, const Config& config) {
-  const nlohmann::json state = read_state(checkpoint);
-  verify_files(checkpoint, state);
+  CheckpointState state = verified_state(checkpoint);
   check_config(checkpoint, config);
+  const TrainingProgress& progress = state.progress;
+  // A sample is a window of data.seq_len tokens, at most model.max_seq_len.
+  if (static_cast<double>(progress.tokens_seen) >
+      static_cast<double>(progress.samples_consumed) *
+          static_cast<double>(config.model.max_seq_len)) {
+    throw UserError(fmt::format(
+        "{}: \"tokens_seen\" ({}) is more than \"samples_consumed\" ({}) windows of at most "
+        "model.max_seq_len ({}) tokens hold",
+        (checkpoint / "state.json").string(), progress.tokens_seen, progress.samples_consumed,
+        config.model.max_seq_len));
+  }
   load_model_weights(model, checkpoint / "model.safetensors");
   optimizer.load_state(load_safetensors(checkpoint / "optimizer.safetensors"),
                        (checkpoint / "optimizer.safetensors").string());
+  const at::Tensor rng =
+      at::from_blob(state.cpu_rng.data(), {static_cast<int64_t>(state.cpu_rng.size())}, at::kByte);
   at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(from_hex(state.at("rng").at("cpu").get<std::string>()));
-
-  TrainingProgress progress;
-  progress.step = state.at("step").get<int64_t>();
-  progress.samples_consumed = state.at("samples_consumed").get<int64_t>();
-  progress.tokens_seen = state.at("tokens_seen").get<int64_t>();
-  progress.learning_rate = state.at("learning_rate").get<double>();
-  if (state.at("best_val_loss").is_number())
-    progress.best_val_loss = state["best_val_loss"].get<double>();
-  const int64_t saved_world = state.at("world_size").get<int64_t>();
+  generator.set_state(rng.clone());
   spdlog::info("resuming from {}: step {}, {} samples consumed{}", checkpoint.string(),
                progress.step, progress.samples_consumed,
-               saved_world == 1 ? "" : fmt::format(" (saved by {} ranks)", saved_world));
+               state.world_size == 1 ? "" : fmt::format(" (saved by {} ranks)", state.world_size));
   return progress;
 }
 

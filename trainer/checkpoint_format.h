@@ -3,23 +3,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <limits>
 
 #include "model/llama.h"
 #include "trainer/adamw.h"
+#include "trainer/checkpoint_state.h"
 #include "trainer/config.h"
 
 namespace mltrain {
-
-// Where a run stands: what a checkpoint records besides the tensors. The data order is a function
-// of samples_consumed, so it is the only data state there is.
-struct TrainingProgress {
-  int64_t step = 0;  // optimizer steps done
-  int64_t samples_consumed = 0;
-  int64_t tokens_seen = 0;
-  double learning_rate = 0.0;  // of the last step
-  double best_val_loss = std::numeric_limits<double>::infinity();
-};
 
 // One checkpoint directory: model.safetensors (Hugging Face names), optimizer.safetensors (AdamW
 // moments and step counts), config.yaml (the effective config) and state.json (progress, RNG
@@ -33,8 +23,8 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
                       const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights = {});
 
-// Checks every file that state.json lists against its checksum. A missing state, a damaged state,
-// a missing, truncated or corrupted file is a UserError naming the file.
+// Reads state.json (read_checkpoint_state) and checks every file against its checksum there. A
+// missing or damaged state, a missing, truncated or corrupted file is a UserError naming the file.
 void verify_checkpoint(const std::filesystem::path& checkpoint);
 
 // Verifies the checkpoint, then loads it into the model and the optimizer. A model shape that

@@ -4,17 +4,20 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <fstream>
 #include <regex>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file_tree.h"
+#include "common/input_file.h"
 
 namespace mltrain {
 namespace {
 
 const std::regex kCheckpointName(R"(step_(\d{8}))");
+
+// `latest` holds one checkpoint's name; anything much longer is not one.
+constexpr uint64_t kLatestBytes = 4096;
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -27,8 +30,21 @@ std::filesystem::path CheckpointStore::path_of(int64_t step) const {
   return directory_ / checkpoint_name(step);
 }
 
+bool CheckpointStore::exists() const {
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(directory_, error);
+  if (!std::filesystem::exists(status)) return false;
+  if (!std::filesystem::is_directory(std::filesystem::status(directory_, error))) {
+    throw UserError(
+        fmt::format("{}: not a directory, where the run keeps its checkpoints; move it "
+                    "away",
+                    directory_.string()));
+  }
+  return true;
+}
+
 void CheckpointStore::remove_stale_temporaries() const {
-  if (!std::filesystem::exists(directory_)) return;
+  if (!exists()) return;
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
     if (entry.path().extension() == ".tmp") {
       spdlog::warn("removing {}, left by an interrupted checkpoint save", entry.path().string());
@@ -68,7 +84,7 @@ std::filesystem::path CheckpointStore::save(
 
 std::vector<int64_t> CheckpointStore::saved_steps() const {
   std::vector<int64_t> steps;
-  if (!std::filesystem::exists(directory_)) return steps;
+  if (!exists()) return steps;
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
@@ -89,15 +105,24 @@ void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_
 }
 
 std::optional<std::filesystem::path> CheckpointStore::latest() const {
-  std::ifstream marker(directory_ / "latest");
-  std::string name;
-  if (!marker || !(marker >> name)) return std::nullopt;
-  if (!std::regex_match(name, kCheckpointName) ||
-      !std::filesystem::is_directory(directory_ / name)) {
-    throw UserError(
-        fmt::format("{}: names \"{}\", which is not a checkpoint here: resume from a checkpoint "
-                    "directory with --resume PATH",
-                    (directory_ / "latest").string(), name));
+  const std::filesystem::path marker = directory_ / "latest";
+  std::error_code missing;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing)))
+    return std::nullopt;
+  // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
+  std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  if (!std::regex_match(name, kCheckpointName)) {
+    throw UserError(fmt::format(
+        "{}: does not name a checkpoint (it should hold one line, such as step_00001000): resume "
+        "from a checkpoint directory with --resume PATH",
+        marker.string()));
+  }
+  if (!std::filesystem::is_directory(directory_ / name)) {
+    throw UserError(fmt::format(
+        "{}: names {}, which is not a checkpoint directory here: resume from a checkpoint "
+        "directory with --resume PATH",
+        marker.string(), name));
   }
   return directory_ / name;
 }

@@ -43,6 +43,8 @@ class CheckpointStore {
                                          Optimizer& optimizer, const Config& config) const;
 
  private:
+  // Whether RUN_DIR/checkpoints is there; something else in its place is a UserError.
+  bool exists() const;
   std::vector<int64_t> saved_steps() const;  // newest first
   std::filesystem::path path_of(int64_t step) const;
   void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const;

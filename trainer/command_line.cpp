@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/number_arguments.h"
 
 namespace mltrain {
 namespace {
@@ -15,6 +16,10 @@ const char* const kDescription =
 Started by mpirun or srun, every process is one rank of a data-parallel run:
   mpirun -n 8 mltrain configs/base.yaml
 )";
+
+// The largest machines a dry run plans for: beyond these, a number is a slip.
+constexpr int64_t kMostRanks = 1 << 20;
+constexpr double kMostDeviceMemoryGb = 1e6;
 
 const char* const kFooter =
     "exit codes: 0 success, 1 runtime failure, 2 bad input (config, files, arguments)";
@@ -63,11 +68,18 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
                "model, print its precision, parameters and FLOPs per token, and exit");
   app.add_option("--ranks", command_line.ranks,
                  "the dry run's memory plan for this many ranks (default: as launched)")
-      ->check(CLI::PositiveNumber);
+      ->type_name("N")
+      ->check(integer_between(1, kMostRanks));
   app.add_option("--device-memory-gb", command_line.device_memory_gb,
                  "the dry run's memory plan for GPUs of this many GB each, on\n"
                  "a machine that need not have them (the model is not built)")
-      ->check(CLI::PositiveNumber);
+      ->type_name("GB")
+      ->check(text_check(
+          [](const std::string& value) {
+            const double gb = parse_number<double>(value).value_or(0.0);
+            return gb > 0.0 && gb <= kMostDeviceMemoryGb;
+          },
+          fmt::format("a number of GB above 0 and at most {}", kMostDeviceMemoryGb)));
   app.add_flag("--dump-config", command_line.dump_config,
                "print the effective config as YAML and exit");
 }

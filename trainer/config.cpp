@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "common/type_name.h"
 
 namespace mltrain {
@@ -191,7 +192,8 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::train, &TrainConfig::threads, "train.threads",
           "CPU intra-op threads (0: all cores)", at_least(0)),
       key(&Config::train, &TrainConfig::run_dir, "train.run_dir",
-          "directory of metrics, config and checkpoints"),
+          "directory of metrics, config and checkpoints, owned by one training run at a time "
+          "(RUN_DIR/run.lock)"),
       key(&Config::train, &TrainConfig::log_every, "train.log_every",
           "steps between progress lines", at_least(1)),
       key(&Config::train, &TrainConfig::eval_every, "train.eval_every", "steps between validations",
@@ -353,12 +355,40 @@ Origin file_origin(const std::filesystem::path& file, const YAML::Node& node) {
   return fmt::format("{}:{}", file.string(), node.Mark().line + 1);
 }
 
+// The name of a mapping's key; a key that is not a plain scalar ("? [a, b]: ...") is no key of
+// ours.
+std::string key_name(const YAML::Node& key, const std::filesystem::path& file) {
+  if (!key.IsScalar()) {
+    throw UserError(fmt::format("{}: a key must be a plain name, got {}", file_origin(file, key),
+                                describe(key)));
+  }
+  return key.Scalar();
+}
+
+// The entries of a mapping by name, each once: YAML parsers keep a repeated key and let the last
+// one win, which would hide a mistake that every other key's is an error.
+std::vector<std::pair<std::string, YAML::const_iterator>> unique_entries(
+    const YAML::Node& mapping, const std::filesystem::path& file, const std::string& section) {
+  std::vector<std::pair<std::string, YAML::const_iterator>> entries;
+  for (auto entry = mapping.begin(); entry != mapping.end(); ++entry) {
+    const std::string name = key_name(entry->first, file);
+    for (const auto& [seen, earlier] : entries) {
+      if (seen != name) continue;
+      throw UserError(fmt::format("{}: {} is given twice, here and at line {}: keep one",
+                                  file_origin(file, entry->first),
+                                  section.empty() ? "section " + name : section + "." + name,
+                                  earlier->first.Mark().line + 1));
+    }
+    entries.emplace_back(name, entry);
+  }
+  return entries;
+}
+
 void read_file(Config& config, const std::filesystem::path& file) {
+  const std::string text = read_text_file(file, "config file");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(file.string());
-  } catch (const YAML::BadFile&) {
-    throw UserError(fmt::format("{}: cannot read the config file", file.string()));
+    root = YAML::Load(text);
   } catch (const YAML::ParserException& error) {
     throw UserError(
         fmt::format("{}:{}: not valid YAML: {}", file.string(), error.mark.line + 1, error.msg));
@@ -366,16 +396,15 @@ void read_file(Config& config, const std::filesystem::path& file) {
   if (root.IsNull()) return;  // an empty file keeps every default
   if (!root.IsMap())
     throw UserError(fmt::format("{}: expected a mapping of sections", file.string()));
-  for (const auto& section : root) {
-    const std::string section_name = section.first.as<std::string>();
-    if (!section.second.IsMap()) {
+  for (const auto& [section_name, section] : unique_entries(root, file, "")) {
+    if (!section->second.IsMap()) {
       throw UserError(fmt::format("{}: section {} must be a mapping of keys",
-                                  file_origin(file, section.first), section_name));
+                                  file_origin(file, section->first), section_name));
     }
-    for (const auto& entry : section.second) {
-      const Origin origin = file_origin(file, entry.first);
-      const std::string path = section_name + "." + entry.first.as<std::string>();
-      find_key(path, origin).read(config, entry.second, origin);
+    for (const auto& [key, entry] : unique_entries(section->second, file, section_name)) {
+      const Origin origin = file_origin(file, entry->first);
+      const std::string path = section_name + "." + key;
+      find_key(path, origin).read(config, entry->second, origin);
     }
   }
 }
@@ -397,6 +426,9 @@ void apply_override(Config& config, const std::string& assignment) {
   spec.read(config, value, origin);
 }
 
+// A trillion tokens per step on one rank: thousands of times what any run takes.
+constexpr double kMostTokensPerRankStep = 0x1p40;
+
 // Constraints between keys, checked once every value is known.
 void check_consistency(const Config& config, const std::string& source) {
   try {
@@ -408,6 +440,21 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
                                 config.data.seq_len, config.model.max_seq_len));
   }
+  // What is counted from a rank's tokens per step (windows, samples, bytes) must stay far inside
+  // 64 bits: a slip of a digit should stop here, not overflow later.
+  const double tokens = static_cast<double>(config.data.micro_batch) *
+                        static_cast<double>(config.data.grad_accum) *
+                        static_cast<double>(config.data.seq_len);
+  if (tokens > kMostTokensPerRankStep) {
+    throw UserError(fmt::format(
+        "{}: data.micro_batch ({}) x data.grad_accum ({}) x data.seq_len ({}) is {:.3g} tokens per "
+        "step and rank, more than mltrain takes ({:.3g})",
+        source, config.data.micro_batch, config.data.grad_accum, config.data.seq_len, tokens,
+        kMostTokensPerRankStep));
+  }
+  if (config.train.run_dir.empty())
+    throw UserError(
+        fmt::format("{}: train.run_dir is empty: name the directory the run writes", source));
   if (config.optim.warmup_steps > config.train.max_steps) {
     throw UserError(fmt::format("{}: optim.warmup_steps ({}) exceeds train.max_steps ({})", source,
                                 config.optim.warmup_steps, config.train.max_steps));

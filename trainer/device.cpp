@@ -12,14 +12,15 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace mltrain {
 
@@ -120,9 +121,18 @@ int64_t peak_memory_bytes(const c10::Device& device) {
 
 namespace {
 
+// The kernel's file at `path` (/proc, /sys) as a stream; empty where it cannot be read.
+std::istringstream kernel_file(const std::filesystem::path& path) {
+  try {
+    return std::istringstream(read_text_file(path, "kernel file"));
+  } catch (const std::exception&) {
+    return std::istringstream();
+  }
+}
+
 // The first number in `path`, if it has one ("max" in a cgroup v2 limit has none).
 std::optional<int64_t> number_in(const std::filesystem::path& path) {
-  std::ifstream in(path);
+  std::istringstream in = kernel_file(path);
   int64_t value = 0;
   if (in >> value) return value;
   return std::nullopt;
@@ -130,7 +140,7 @@ std::optional<int64_t> number_in(const std::filesystem::path& path) {
 
 // The value of `key` in a "key value" file such as memory.stat or /proc/meminfo.
 std::optional<int64_t> field_in(const std::filesystem::path& path, const std::string& key) {
-  std::ifstream in(path);
+  std::istringstream in = kernel_file(path);
   for (std::string name; in >> name;) {
     int64_t value = 0;
     if (name == key && in >> value) return value;
@@ -144,7 +154,7 @@ std::optional<int64_t> field_in(const std::filesystem::path& path, const std::st
 // cgroup namespace sees its group there).
 std::filesystem::path own_cgroup(const std::filesystem::path& mount,
                                  const std::string& controller) {
-  std::ifstream in("/proc/self/cgroup");
+  std::istringstream in = kernel_file("/proc/self/cgroup");
   for (std::string line; std::getline(in, line);) {
     // "0::/path" (v2) or "4:memory:/path" (v1)
     const size_t first = line.find(':');

@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/version.h>
 
-#include <cmath>
-
 #include "model/llama.h"
 #include "trainer/compute_settings.h"
 #include "trainer/device.h"
@@ -30,11 +28,10 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
   if (target.device_memory_gb > 0) {
     const PrecisionChoice precision =
         choose_precision(config.train.precision, c10::Device(c10::kCUDA), CpuBf16::emulated);
-    const MemoryPlan plan =
-        plan_memory(config, {.ranks = ranks,
-                             .cuda = true,
-                             .bf16 = precision.bf16,
-                             .device_memory = std::llround(target.device_memory_gb * 1e9)});
+    const MemoryPlan plan = plan_memory(config, {.ranks = ranks,
+                                                 .cuda = true,
+                                                 .bf16 = precision.bf16,
+                                                 .device_memory = target.device_memory_gb * 1e9});
     report(plan, config);
     spdlog::info("dry run: the config is valid; planned for {} GPUs of {} GB, nothing was built",
                  ranks, target.device_memory_gb);
@@ -49,7 +46,8 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
   report(plan_memory(config, {.ranks = ranks,
                               .cuda = device.is_cuda(),
                               .bf16 = precision.bf16,
-                              .device_memory = memory_per_rank(device, ranks_on_node)}),
+                              .device_memory =
+                                  static_cast<double>(memory_per_rank(device, ranks_on_node))}),
          config);
 
   Llama model(config.model);

@@ -65,11 +65,18 @@ Evaluation evaluate_weights(const Config& config, const std::filesystem::path& w
   spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
                evaluation.perplexity, evaluation.tokens);
   if (std::filesystem::is_directory(config.train.run_dir)) {
-    MetricsLog(std::filesystem::path(config.train.run_dir) / "metrics.jsonl")
-        .write({{"event", "eval_only"},
-                {"weights", file.string()},
-                {"val_loss", evaluation.loss},
-                {"val_ppl", evaluation.perplexity}});
+    const std::filesystem::path metrics =
+        std::filesystem::path(config.train.run_dir) / "metrics.jsonl";
+    // The evaluation is done and reported: a run directory it may not write (read-only, say) only
+    // keeps it out of the record.
+    try {
+      MetricsLog(metrics).write({{"event", "eval_only"},
+                                 {"weights", file.string()},
+                                 {"val_loss", evaluation.loss},
+                                 {"val_ppl", evaluation.perplexity}});
+    } catch (const std::exception& error) {
+      spdlog::warn("the evaluation is not recorded in {}: {}", metrics.string(), error.what());
+    }
   }
   return evaluation;
 }

@@ -106,10 +106,15 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
 
   const std::filesystem::path staging =
       target.parent_path() / fmt::format("{}.tmp-{}", target.filename().string(), getpid());
+  std::error_code unwritable;
+  remove_tree(staging, unwritable);  // left by an export of the same process id, killed
+  std::filesystem::create_directories(target.parent_path(), unwritable);
+  if (!unwritable) std::filesystem::create_directory(staging, unwritable);
+  if (unwritable) {
+    throw UserError(fmt::format("--export-hf {}: cannot write there ({}); nothing was written",
+                                target.string(), unwritable.message()));
+  }
   try {
-    std::filesystem::create_directories(target.parent_path());
-    remove_tree(staging);  // left by an export of the same process id, killed
-    std::filesystem::create_directory(staging);
     write_export(staging, model, hf_config, config, with_tokenizer, after_weights);
     // Over an empty directory too: rename replaces one, and refuses one that filled meanwhile,
     // which is the refusal of a non-empty OUT_DIR, only found later.

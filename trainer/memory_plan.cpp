@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <vector>
 
 #include "common/error.h"
@@ -15,8 +17,8 @@ namespace {
 constexpr double kGB = 1e9;
 // What the process holds before training allocates: the libraries' code and data on the CPU; the
 // CUDA context, cuBLAS's workspaces and NCCL's buffers on a GPU. Estimates.
-constexpr int64_t kCpuRuntimeBytes = 500'000'000;
-constexpr int64_t kCudaRuntimeBytes = 1'000'000'000;
+constexpr double kCpuRuntimeBytes = 500'000'000;
+constexpr double kCudaRuntimeBytes = 1'000'000'000;
 
 // Bytes one block keeps for backward per token, as the autograd graph holds them.
 int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
@@ -53,7 +55,34 @@ int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) 
   return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
 }
 
-std::string gb(int64_t bytes) { return fmt::format("{:.2f} GB", static_cast<double>(bytes) / kGB); }
+std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / kGB); }
+
+// The largest micro-batch below config's that fits `target` and divides this rank's share of the
+// global batch, so that gradient accumulation keeps the global batch as it is; none if no such
+// one fits. Memory grows with the micro-batch, so the largest that fits is found by halving, and
+// the divisors are found in pairs up to the square root: quick for any size a config can give.
+std::optional<int64_t> smaller_micro_batch(const Config& config, const PlanTarget& target) {
+  const auto fits = [&](int64_t micro_batch) {
+    Config smaller = config;
+    smaller.data.micro_batch = micro_batch;
+    return plan_memory(smaller, target).fits();
+  };
+  if (config.data.micro_batch < 2 || !fits(1)) return std::nullopt;
+  int64_t fitting = 1;  // fits; everything from `beyond` on does not
+  int64_t beyond = config.data.micro_batch;
+  while (beyond - fitting > 1) {
+    const int64_t middle = fitting + (beyond - fitting) / 2;
+    (fits(middle) ? fitting : beyond) = middle;
+  }
+  const int64_t per_rank = config.data.micro_batch * config.data.grad_accum;
+  int64_t best = 1;
+  for (int64_t divisor = 1; divisor <= per_rank / divisor; ++divisor) {
+    if (per_rank % divisor != 0) continue;
+    for (const int64_t candidate : {divisor, per_rank / divisor})
+      if (candidate <= fitting) best = std::max(best, candidate);
+  }
+  return best;
+}
 
 }  // namespace
 
@@ -66,28 +95,32 @@ ComputePath compute_path(const Config& config, const PlanTarget& target) {
               target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads};
 }
 
-int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
-                         bool activation_checkpointing) {
+double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                        bool activation_checkpointing) {
   // With checkpointing each block keeps only its input, the fp32 residual stream.
   const int64_t per_block =
       activation_checkpointing ? 4 * model.d_model : block_bytes_per_token(model, path);
-  return tokens * (model.n_layers * per_block + head_bytes_per_token(model, path));
+  return static_cast<double>(tokens) *
+         static_cast<double>(model.n_layers * per_block + head_bytes_per_token(model, path));
 }
 
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
-                      bool activation_checkpointing) {
+double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                     bool activation_checkpointing) {
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
   // Autocast caches its bf16 casts of the weights for the forward pass.
-  const int64_t casts = path.bf16 ? 2 * model.parameters() : 0;
+  const double casts = path.bf16 ? 2 * count(model.parameters()) : 0;
   // The chunked loss computes the output weight's gradient in forward, in fp32, and holds it into
   // backward; without it backward holds the gradients of the log-softmax and of the logits, about
   // 8 bytes per token and word of the vocabulary.
-  const int64_t weight_gradient = path.chunked_loss ? 4 * model.vocab_size * model.d_model : 0;
-  const int64_t logits = path.chunked_loss ? 0 : 8 * tokens * model.vocab_size;
+  const double weight_gradient =
+      path.chunked_loss ? 4 * count(model.vocab_size * model.d_model) : 0;
+  const double logits = path.chunked_loss ? 0 : 8 * count(tokens) * count(model.vocab_size);
   // Without checkpointing the products keep the casts for backward. With it the graph keeps none,
   // and they are gone when the autocast region ends, before backward; backward holds one block's
   // activations again while it recomputes it.
   if (!activation_checkpointing) return casts + weight_gradient + logits;
-  return weight_gradient + std::max(casts, logits + tokens * block_bytes_per_token(model, path));
+  return weight_gradient +
+         std::max(casts, logits + count(tokens) * count(block_bytes_per_token(model, path)));
 }
 
 bool shards_optimizer(const Config& config, int ranks) {
@@ -96,19 +129,21 @@ bool shards_optimizer(const Config& config, int ranks) {
 
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const ModelConfig& model = config.model;
-  const int64_t ranks = target.ranks;
+  const auto ranks = static_cast<double>(target.ranks);
   MemoryPlan plan;
   plan.parameters = model.parameters();
   plan.target = target;
   plan.sharded = shards_optimizer(config, target.ranks);
   plan.activation_checkpointing = config.train.activation_checkpointing;
 
-  const int64_t values = plan.parameters;
+  const auto values = static_cast<double>(plan.parameters);
   // Sharded, each bucket pads to a multiple of the ranks: at most ranks - 1 values a bucket, left
   // out here.
-  const int64_t part = (values + ranks - 1) / ranks;
+  const double part = std::ceil(values / ranks);
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
-  plan.weights = 4 * values;
+  // And the rotary tables, cos and sin in fp32 for each of model.max_seq_len positions.
+  plan.weights =
+      4 * values + 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
   plan.gradients = 4 * values + (plan.sharded ? 4 * part : 0);
   // dist.grad_dtype bf16: each bucket's bf16 copy on the wire, and its part when sharded.
   if (config.dist.grad_dtype == "bf16" && ranks > 1)
@@ -185,20 +220,14 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
   if (remedies.empty() && plan.target.ranks > 1 && fits_with(both))
     remedies.push_back("dist.zero_stage=1 with train.activation_checkpointing=true");
   // As configured, else with both of the remedies above.
-  const int64_t per_rank = config.data.micro_batch * config.data.grad_accum;
   for (const bool with_both : {false, true}) {
-    for (int64_t micro_batch = config.data.micro_batch - 1; micro_batch >= 1; --micro_batch) {
-      Config smaller = with_both ? both : config;
-      smaller.data.micro_batch = micro_batch;
-      if (per_rank % micro_batch == 0 && fits_with(smaller)) {
-        remedies.push_back(fmt::format(
-            "{}data.micro_batch={} with data.grad_accum={}",
-            with_both ? "dist.zero_stage=1, train.activation_checkpointing=true and " : "",
-            micro_batch, per_rank / micro_batch));
-        break;
-      }
+    if (const auto micro_batch = smaller_micro_batch(with_both ? both : config, plan.target)) {
+      remedies.push_back(fmt::format(
+          "{}data.micro_batch={} with data.grad_accum={}",
+          with_both ? "dist.zero_stage=1, train.activation_checkpointing=true and " : "",
+          *micro_batch, config.data.micro_batch * config.data.grad_accum / *micro_batch));
+      break;
     }
-    if (!remedies.empty()) break;
   }
   return fmt::format(
       "the memory plan needs {} per rank but a rank has {}: {} (see --dry-run for the plan)",

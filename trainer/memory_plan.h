@@ -15,36 +15,36 @@ struct PlanTarget {
   int ranks = 1;
   bool cuda = false;
   bool bf16 = false;
-  std::optional<int64_t> device_memory;
+  std::optional<double> device_memory;  // bytes
 };
 
 // What one rank of a run will hold, in bytes, counted from the config before anything is
-// allocated. The weights, gradients and optimizer state are closed forms that the tests hold
-// against the tensors; the activations and working memory, closed forms of what the autograd graph
-// keeps, which the tests hold against the bytes the CPU allocator hands out on both of the CPU's
-// paths (mltrain's kernels, and the ATen compositions that CUDA runs too); on CUDA they are
-// estimates that no GPU has checked yet.
+// allocated. Bytes are counted in double: a config that a slip makes absurd (data.micro_batch in
+// the quintillions) is planned, shown and refused like any other, instead of overflowing. The
+// weights, gradients and optimizer state are closed forms that the tests hold against the tensors;
+// the activations and working memory, closed forms of what the autograd graph keeps, which the
+// tests hold against the bytes the CPU allocator hands out on both of the CPU's paths (mltrain's
+// kernels, and the ATen compositions that CUDA runs too); on CUDA they are estimates that no GPU
+// has checked yet.
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
   bool sharded = false;  // dist.zero_stage 1
   bool activation_checkpointing = false;
-  int64_t runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
-  int64_t weights = 0;    // fp32 master weights
-  int64_t gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
-  int64_t optimizer = 0;  // AdamW's two moments at the configured zero_stage
-  int64_t optimizer_unsharded = 0;       // the same at zero_stage 0
-  int64_t optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
-  int64_t activations = 0;               // kept for backward, per micro-batch, as configured
-  int64_t activations_kept_all = 0;      // without activation checkpointing
-  int64_t activations_checkpointed = 0;  // with it
-  int64_t working = 0;                   // working_bytes
+  double runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
+  double weights = 0;    // fp32 master weights, and the rotary tables
+  double gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
+  double optimizer = 0;  // AdamW's two moments at the configured zero_stage
+  double optimizer_unsharded = 0;       // the same at zero_stage 0
+  double optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
+  double activations = 0;               // kept for backward, per micro-batch, as configured
+  double activations_kept_all = 0;      // without activation checkpointing
+  double activations_checkpointed = 0;  // with it
+  double working = 0;                   // working_bytes
   // Host memory that saving and resuming a checkpoint take for a moment, outside the total.
-  int64_t checkpoint_host = 0;
+  double checkpoint_host = 0;
 
-  int64_t total() const {
-    return runtime + weights + gradients + optimizer + activations + working;
-  }
+  double total() const { return runtime + weights + gradients + optimizer + activations + working; }
   bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
 };
 
@@ -63,8 +63,8 @@ ComputePath compute_path(const Config& config, const PlanTarget& target);
 // The bytes the autograd graph of one micro-batch of `tokens` tokens (micro_batch x seq_len) keeps
 // for backward: every block's saved inputs of its products, norms, attention and SwiGLU, and the
 // loss's; with checkpointing, each block's input alone.
-int64_t activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
-                         bool activation_checkpointing);
+double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                        bool activation_checkpointing);
 
 // Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
 // than one rank (one rank has nothing to share the state with).
@@ -72,8 +72,8 @@ bool shards_optimizer(const Config& config, int ranks);
 
 // The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
 // chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block.
-int64_t working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
-                      bool activation_checkpointing);
+double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                     bool activation_checkpointing);
 
 // The plan of a run of `config` on `target`.
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target);

@@ -38,12 +38,16 @@ void check_tokenizer(const Config& config) {
 }
 
 void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows) {
-  if (layout.global_batch() <= train_windows.num_windows()) return;
+  // Counted in double: with enough ranks the product can pass what 64 bits hold.
+  const double global_batch = static_cast<double>(layout.micro_batch) *
+                              static_cast<double>(layout.grad_accum) *
+                              static_cast<double>(layout.world_size);
+  if (global_batch <= static_cast<double>(train_windows.num_windows())) return;
   throw UserError(
       fmt::format("a global batch of {} windows (data.micro_batch {} x data.grad_accum {} x {} "
                   "ranks) is more than the {} windows of the training data: lower "
                   "data.micro_batch or data.grad_accum, or add data",
-                  layout.global_batch(), layout.micro_batch, layout.grad_accum, layout.world_size,
+                  global_batch, layout.micro_batch, layout.grad_accum, layout.world_size,
                   train_windows.num_windows()));
 }
 

@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -27,6 +30,7 @@
 #include "trainer/metrics_log.h"
 #include "trainer/precision.h"
 #include "trainer/run_data.h"
+#include "trainer/run_directory_lock.h"
 #include "trainer/run_schedule.h"
 #include "trainer/sharded_adamw.h"
 #include "trainer/stop_signal.h"
@@ -124,6 +128,8 @@ class TrainingRun {
   const World& world_;
   const TrainingHooks& hooks_;
   const bool leader_;  // rank 0 writes the run directory
+  // Rank 0's, taken first: a second run on the directory stops before anything is done.
+  const std::unique_ptr<RunDirectoryLock> run_dir_lock_;
   const c10::Device device_;
   const PrecisionChoice precision_;
   const BatchLayout layout_;
@@ -140,7 +146,7 @@ class TrainingRun {
   std::unique_ptr<MetricsLog> metrics_;
   TrainingProgress progress_;
   std::optional<RunSchedule> schedule_;  // known once the resumed step is
-  int64_t tokens_per_step_;
+  int64_t tokens_per_step_ = 0;
   double flops_per_token_ = 0.0;
   Clock::time_point start_;
   double timed_seconds_ = 0.0;  // wall time of the steps after the run's first (its warm-up)
@@ -149,6 +155,7 @@ class TrainingRun {
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
+  bool stop_announced_ = false;
 };
 
 TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
@@ -157,6 +164,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       world_(world),
       hooks_(hooks),
       leader_(world.rank == 0),
+      run_dir_lock_(leader_ ? std::make_unique<RunDirectoryLock>(config.train.run_dir) : nullptr),
       device_(rank_device(config.train.device, world)),
       precision_(precision_on_this_machine(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
@@ -165,16 +173,16 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
-      checkpoints_(run_dir_),
-      tokens_per_step_(layout_.global_batch() * config.data.seq_len) {
+      checkpoints_(run_dir_) {
   check_batch_fits(layout_, train_windows_);
+  tokens_per_step_ = layout_.global_batch() * config.data.seq_len;
   check_tokenizer(config);
   // Before anything large is allocated: a run that cannot fit stops here, saying what would fit.
-  const MemoryPlan memory_plan =
-      plan_memory(config, {.ranks = world.size,
-                           .cuda = device_.is_cuda(),
-                           .bf16 = precision_.bf16,
-                           .device_memory = memory_per_rank(device_, world.local_size)});
+  const MemoryPlan memory_plan = plan_memory(
+      config, {.ranks = world.size,
+               .cuda = device_.is_cuda(),
+               .bf16 = precision_.bf16,
+               .device_memory = static_cast<double>(memory_per_rank(device_, world.local_size))});
   if (leader_) spdlog::info("{}", describe(memory_plan));
   const std::string shortfall = memory_shortfall(memory_plan, config);
   // All ranks stop or none: one rank that stopped alone would leave the others waiting for it.
@@ -187,10 +195,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   }
   // A run that is surely fresh checks where its weights come from before it makes anything.
   if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
-  if (leader_) {
-    std::filesystem::create_directories(run_dir_);
-    checkpoints_.remove_stale_temporaries();
-  }
+  if (leader_) checkpoints_.remove_stale_temporaries();  // no other run owns them: the lock
   at::manual_seed(config.data.seed);
   model_ = Llama(config.model);
   model_->to(device_);
@@ -276,7 +281,18 @@ void TrainingRun::announce() {
       "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
       "training data",
       max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
-      static_cast<double>(max_steps * layout_.global_batch()) / train_windows_.num_windows());
+      static_cast<double>(max_steps) * static_cast<double>(layout_.global_batch()) /
+          static_cast<double>(train_windows_.num_windows()));
+  // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
+  // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr &&
+      std::getenv("MLTRAIN_LAUNCHER") == nullptr) {
+    spdlog::info(
+        "to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 {}): it forwards it to "
+        "every rank, where Ctrl-C on mpirun kills them before they can save "
+        "(launch/local_ranks.sh turns Ctrl-C into SIGUSR1)",
+        ::getppid());
+  }
   if (leader_) {
     metrics_->write({{"event", "start"},
                      {"step", progress_.step},
@@ -290,6 +306,14 @@ void TrainingRun::announce() {
 }
 
 void TrainingRun::run() {
+  if (!schedule_->keep_going(progress_.step)) {
+    spdlog::info(
+        "nothing to train: the run is at step {} and ends at step {} ({}); raise it to "
+        "train on",
+        progress_.step, schedule_->last_step(),
+        schedule_->stops_early() ? "train.stop_at" : "train.max_steps");
+    return;
+  }
   announce();
   install_stop_handlers();
   start_ = Clock::now();
@@ -323,7 +347,13 @@ void TrainingRun::run() {
   }
   spdlog::info("trained {} steps in {}", schedule_->max_steps() - schedule_->first_step() + 1,
                duration_text(seconds_since(start_)));
-  if (leader_) draw_loss_curve(run_dir_);
+  if (!leader_) return;
+  // A picture is a convenience: it never fails a run that trained.
+  try {
+    draw_loss_curve(run_dir_);
+  } catch (const std::exception& error) {
+    spdlog::warn("no loss curve: {}", error.what());
+  }
 }
 
 // Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
@@ -494,7 +524,13 @@ std::filesystem::path TrainingRun::save_checkpoint() {
 // signal stops the run one step after it arrives.
 bool TrainingRun::any_rank_asked_to_stop() {
   const bool stop = stop_vote_ != nullptr && stop_vote_->wait() > 0;
-  stop_vote_ = communicator_->start_all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0);
+  const int signal = stop_requested();
+  if (signal != 0 && !stop_announced_) {
+    spdlog::info("{}: the run stops after step {}, with a checkpoint", strsignal(signal),
+                 progress_.step + (stop ? 0 : 1));
+    stop_announced_ = true;
+  }
+  stop_vote_ = communicator_->start_all_reduce_sum(signal != 0 ? 1.0 : 0.0);
   return stop;
 }
 

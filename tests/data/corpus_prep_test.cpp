@@ -302,6 +302,54 @@ TEST(CorpusPrep, ADirectoryInTheWayStopsTheOverwriteBeforeAnythingMoves) {
   expect_no_staging_left(dir / "out");
 }
 
+// A run that fails leaves no directory of its making: a second one needs no --overwrite.
+TEST(CorpusPrep, AFailedFirstRunLeavesNothingBehind) {
+  TemporaryDirectory dir;
+  std::string one;
+  for (std::string document : read_documents(kFortunes, DocumentFormat::kFortune)) {
+    std::replace(document.begin(), document.end(), '\n', ' ');
+    one += document + "\n";
+  }
+  testing::write_text(dir / "one.txt", one);  // no blank line: one document
+  CorpusPrepOptions options = fortune_options(dir / "new" / "out", 2);
+  options.inputs = {dir / "one.txt"};
+  options.reader.format = DocumentFormat::kText;
+  try {
+    prepare_corpus(options);
+    FAIL() << "one document made a corpus";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "at least 2 are needed");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "new" / "out"));
+  options.inputs = kFortunes;
+  options.reader.format = DocumentFormat::kFortune;
+  prepare_corpus(options);
+  EXPECT_TRUE(std::filesystem::exists(dir / "new" / "out" / "train_000000.bin"));
+}
+
+// SentencePiece passes over lines longer than its limit: documents that are one long line each (a
+// book on one line) would leave it nothing to learn from. They are cut into pieces it takes.
+TEST(CorpusPrep, DocumentsOfLongUnbrokenLinesTrainATokenizer) {
+  TemporaryDirectory dir;
+  std::string line;
+  for (std::string document : read_documents(kFortunes, DocumentFormat::kFortune)) {
+    std::replace(document.begin(), document.end(), '\n', ' ');
+    line += document + " ";
+  }
+  ASSERT_GT(line.size(), 4 * 65536u);
+  testing::write_text(dir / "two.txt", line + "\n\n" + line + "\n");
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  options.inputs = {dir / "two.txt"};
+  options.reader.format = DocumentFormat::kText;
+  options.val_fraction = 0.5;
+  const CorpusPrepReport report = prepare_corpus(options);
+  EXPECT_EQ(report.train_documents + report.val_documents, 2);
+  const Tokenizer tokenizer(dir / "out" / "tokenizer.model");
+  EXPECT_EQ(tokenizer.vocab_size(), 1500);
+  // Trained on the text: common words are single pieces, not bytes.
+  EXPECT_LT(tokenizer.encode(" the computer").size(), 4u);
+}
+
 // A pipe gives its bytes once, and training a tokenizer reads the inputs twice: refused at once,
 // not after the first pass has emptied it (nor while waiting for its writer).
 TEST(CorpusPrep, APipeNeedsATokenizerGiven) {

@@ -2,10 +2,15 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "data/mapping_read_guard.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
@@ -155,7 +161,102 @@ TEST(Shard, DamagedShardsNameTheFileAndTheProblem) {
   std::ofstream(dir / "tiny.bin") << "abc";
   EXPECT_CONTAINS(open_error(dir / "tiny.bin"),
                   "tiny.bin: 3 bytes is shorter than the 1024-byte shard header");
-  EXPECT_CONTAINS(open_error(dir / "absent.bin"), "absent.bin: cannot open token shard");
+  EXPECT_CONTAINS(open_error(dir / "absent.bin"),
+                  "absent.bin: cannot open the token shard: no such file");
+  // A named pipe is refused at once, not waited on for a writer.
+  ASSERT_EQ(::mkfifo((dir / "pipe.bin").c_str(), 0644), 0);
+  EXPECT_CONTAINS(open_error(dir / "pipe.bin"), "pipe.bin: the token shard is a named pipe");
+  std::filesystem::create_directory(dir / "directory.bin");
+  EXPECT_CONTAINS(open_error(dir / "directory.bin"),
+                  "directory.bin: the token shard is a directory");
+}
+
+// The message of the runtime error that reading all of `shard` raises ("" when it reads).
+std::string read_error(const ShardReader& shard) {
+  try {
+    read_all(shard);
+  } catch (const std::runtime_error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// A shard may not change under a run that reads it: each way it can is named, and none crashes.
+TEST(Shard, AShardThatChangesUnderItsReaderIsNamedWithTheChange) {
+  TemporaryDirectory dir;
+  const std::vector<uint32_t> tokens(100'000, 5);
+  const auto an_hour_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(1);
+  const std::vector<std::string> names = {"truncated.bin", "replaced.bin", "written.bin",
+                                          "forged.bin", "removed.bin"};
+  std::vector<ShardReader> shards;
+  for (const std::string& name : names) {
+    write_shard(dir / name, tokens, 100);
+    // So that a write now is seen as one, however coarse the clock of file times.
+    std::filesystem::last_write_time(dir / name, an_hour_ago);
+    shards.emplace_back(dir / name, 100);
+    EXPECT_EQ(read_error(shards.back()), "");
+  }
+  const auto write_token = [&](const std::string& name, const char* token) {
+    std::fstream out(dir / name, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(1024 + 4 * 500);
+    out.write(token, 2);
+  };
+  std::filesystem::resize_file(dir / "truncated.bin", 2000);
+  write_shard(dir / "new.bin", tokens, 100);
+  std::filesystem::rename(dir / "new.bin", dir / "replaced.bin");
+  write_token("written.bin", "\x07\x00");
+  // Written with its time put back: what gives it away is an id the opening scan did not see.
+  write_token("forged.bin", "\xff\x00");
+  std::filesystem::last_write_time(dir / "forged.bin", an_hour_ago);
+  std::filesystem::remove(dir / "removed.bin");
+
+  const std::vector<std::string> changes = {
+      "it was 201024 bytes and is now 2000 (truncated)", "another file was put in its place",
+      "it was written to", "its tokens are no longer the ones it was opened with",
+      "it was removed"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string message = read_error(shards[i]);
+    EXPECT_CONTAINS(message, names[i] + ": the token shard changed while mltrain read it");
+    EXPECT_CONTAINS(message, changes[i]);
+  }
+}
+
+// A mapped file that shrinks raises SIGBUS where its pages are gone. Under the guard the read ends
+// on zeros and says so; outside it the signal keeps its default action, a crash.
+TEST(MappingReadGuard, ATruncatedMappingReadsZerosAndSaysSo) {
+  TemporaryDirectory dir;
+  const size_t bytes = 1 << 20;
+  testing::write_text(dir / "file", std::string(bytes, '\x01'));
+  const int fd = ::open((dir / "file").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* mapping = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(mapping, MAP_FAILED);
+  const auto* data = static_cast<const unsigned char*>(mapping);
+  std::filesystem::resize_file(dir / "file", 4096);
+  int64_t sum = 0;
+  {
+    const MappingReadGuard guard(data, bytes);
+    for (size_t i = 0; i < bytes; ++i) sum += data[i];
+    EXPECT_TRUE(guard.faulted());
+  }
+  EXPECT_EQ(sum, 4096) << "the page that is left, then zeros";
+  {
+    const MappingReadGuard guard(data, 4096);
+    EXPECT_EQ(data[0], 1);
+    EXPECT_FALSE(guard.faulted());
+  }
+  ::munmap(mapping, bytes);
+
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const int again = ::open((dir / "file").c_str(), O_RDONLY);
+        const auto* unguarded = static_cast<const volatile unsigned char*>(
+            ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, again, 0));
+        std::exit(unguarded[bytes - 1]);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST(Shard, OutOfRangeTokenNamesItsOffset) {

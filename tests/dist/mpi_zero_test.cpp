@@ -107,8 +107,8 @@ TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   config.model = testing::tiny_config();
   config.dist.zero_stage = 1;
   const MemoryPlan plan = plan_memory(config, {.ranks = world.size});
-  EXPECT_EQ(plan.optimizer_unsharded + 4, whole.state_bytes());
-  EXPECT_NEAR(static_cast<double>(plan.optimizer), static_cast<double>(sharded.state_bytes()),
+  EXPECT_EQ(plan.optimizer_unsharded + 4, static_cast<double>(whole.state_bytes()));
+  EXPECT_NEAR(plan.optimizer, static_cast<double>(sharded.state_bytes()),
               8.0 * static_cast<double>(buckets) + 4);
   // The gradient buckets (each .grad is a view into one) and this rank's averaged parts.
   std::map<const void*, size_t> buckets_by_storage;
@@ -119,7 +119,7 @@ TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
     gradient_bytes += static_cast<int64_t>(bytes);
   for (const GradReducer::BucketShard& shard : reducer.shards())
     gradient_bytes += static_cast<int64_t>(shard.gradients.nbytes());
-  EXPECT_NEAR(static_cast<double>(plan.gradients), static_cast<double>(gradient_bytes),
+  EXPECT_NEAR(plan.gradients, static_cast<double>(gradient_bytes),
               8.0 * static_cast<double>(buckets * world.size));
 }
 

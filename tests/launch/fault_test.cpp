@@ -11,54 +11,18 @@
 
 #include "common/error.h"
 #include "model/safetensors.h"
+#include "tests/launch/fault_support.h"
 #include "tests/support/test_support.h"
-#include "tests/trainer/tiny_run.h"
 
 namespace mltrain {
 namespace {
 
+using testing::mltrain;
+using testing::mltrain_with_fault;
 using testing::run_command;
 using testing::TemporaryDirectory;
-
-// A config file for the tiny run, with a constant schedule so that runs of different lengths
-// share their learning rates step by step.
-std::string write_config(const TemporaryDirectory& dir, int64_t max_steps) {
-  Config config = testing::tiny_run(dir.path());
-  config.optim.schedule = "constant";
-  config.train.max_steps = max_steps;
-  config.train.log_every = 1;
-  config.train.eval_every = 1000000;
-  const auto path = dir / "run.yaml";
-  testing::write_text(path, config_to_yaml(config));
-  return path.string();
-}
-
-std::string mltrain(const std::string& arguments) {
-  return std::string(MLTRAIN_BIN_DIR) + "/mltrain " + arguments;
-}
-
-// mltrain_faults with MLTRAIN_FAULT=fault.
-std::string mltrain_with_fault(const std::string& fault, const std::string& arguments) {
-  return "MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
-         arguments;
-}
-
-int64_t last_logged_step(const std::filesystem::path& metrics) {
-  int64_t step = 0;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const auto record = nlohmann::json::parse(line, nullptr, false);
-    if (!record.is_discarded() && record.contains("loss")) step = record["step"];
-  }
-  return step;
-}
-
-void wait_for_step(const std::filesystem::path& metrics, int64_t step) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (last_logged_step(metrics) < step && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
+using testing::wait_for_step;
+using testing::write_config;
 
 void expect_same_weights(const std::filesystem::path& a, const std::filesystem::path& b) {
   const NamedTensors first = load_safetensors(a);
@@ -74,8 +38,7 @@ TEST(Faults, SigtermCheckpointsExitsZeroAndResumesToTheUnbrokenWeights) {
   run.signal(SIGTERM);
   ASSERT_EQ(run.wait(), 0) << testing::read_text(dir / "log.txt");
   EXPECT_CONTAINS(testing::read_text(dir / "log.txt"), "stopped by Terminated");
-  const int64_t stopped =
-      std::stoll(testing::read_text(dir / "run" / "checkpoints" / "latest").substr(5));
+  const int64_t stopped = testing::latest_step(dir / "run");
   ASSERT_GE(stopped, 3);
 
   const std::string target = std::to_string(stopped + 4);
@@ -108,6 +71,33 @@ TEST(Faults, SecondInterruptExitsAtOnce) {
   EXPECT_EQ(run.wait(), 130) << testing::read_text(dir / "log.txt");
   EXPECT_CONTAINS(testing::read_text(dir / "log.txt"),
                   "second interrupt: exiting without a checkpoint");
+}
+
+// A closed terminal (SIGHUP) stops a run as SIGTERM does, with a checkpoint; under nohup, which
+// asks that it not, the run goes on.
+TEST(Faults, AHangupCheckpointsUnlessTheRunWasStartedUnderNohup) {
+  TemporaryDirectory dir;
+  const std::string endless = write_config(dir, 1000000);
+  testing::BackgroundProcess run(mltrain(endless), dir / "log.txt");
+  wait_for_step(dir / "run" / "metrics.jsonl", 3);
+  run.signal(SIGHUP);
+  ASSERT_EQ(run.wait(), 0) << testing::read_text(dir / "log.txt");
+  EXPECT_CONTAINS(testing::read_text(dir / "log.txt"), "stopped by Hangup");
+  EXPECT_GE(testing::latest_step(dir / "run"), 3);
+
+  const auto nohup_dir = dir / "nohup";
+  testing::BackgroundProcess immune(
+      "nohup " + mltrain(endless + " --set train.run_dir=" + nohup_dir.string()),
+      dir / "nohup.txt");
+  wait_for_step(nohup_dir / "metrics.jsonl", 3);
+  immune.signal(SIGHUP);
+  const int64_t hung_up_at = testing::last_logged_step(nohup_dir / "metrics.jsonl");
+  wait_for_step(nohup_dir / "metrics.jsonl", hung_up_at + 3);
+  EXPECT_GE(testing::last_logged_step(nohup_dir / "metrics.jsonl"), hung_up_at + 3)
+      << testing::read_text(dir / "nohup.txt");
+  immune.signal(SIGTERM);
+  ASSERT_EQ(immune.wait(), 0) << testing::read_text(dir / "nohup.txt");
+  EXPECT_CONTAINS(testing::read_text(dir / "nohup.txt"), "stopped by Terminated");
 }
 
 TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {
@@ -176,49 +166,6 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
                   "3 non-finite steps in a row: stopping; the last good checkpoint is");
   EXPECT_CONTAINS(diverging.output,
                   "step_00000004");  // skipped steps leave the weights as they were
-}
-
-TEST(Faults, ARankThatDiesStopsTheOthers) {
-  TemporaryDirectory dir;
-  const auto start = std::chrono::steady_clock::now();
-  const auto run =
-      run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
-                  std::string(MLTRAIN_MPIEXEC) + " 2 -x MLTRAIN_FAULT=kill-rank-1 " +
-                  std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " + write_config(dir, 1000000));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_NE(run.exit_code, 0) << run.output;
-  EXPECT_LT(seconds, 60.0) << "the surviving rank must not wait for the dead one";
-}
-
-TEST(Faults, RanksThatDisagreeStopBeforeTraining) {
-  TemporaryDirectory dir;
-  const std::string config = write_config(dir, 8);
-  const std::string mpirun =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MLTRAIN_MPIEXEC);
-  // Two ranks started with different overrides (mpirun's multiple-program syntax).
-  const auto mismatch = run_command(mpirun + " 1 " + mltrain(config + " --set optim.lr=1e-3") +
-                                    " : -n 1 " + mltrain(config + " --set optim.lr=2e-3"));
-  EXPECT_EQ(mismatch.exit_code, kExitUserError) << mismatch.output;
-  EXPECT_CONTAINS(mismatch.output, "the ranks were given different configs");
-  const auto backend = run_command(mpirun + " 2 " + mltrain(config + " --set dist.backend=nccl"));
-  EXPECT_EQ(backend.exit_code, kExitUserError) << backend.output;
-  EXPECT_CONTAINS(backend.output, "dist.backend nccl needs CUDA training");
-  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
-}
-
-TEST(Faults, ARankThatHangsEndsTheRunAfterTheTimeout) {
-  TemporaryDirectory dir;
-  const auto start = std::chrono::steady_clock::now();
-  const auto run = run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
-                               std::string(MLTRAIN_MPIEXEC) + " 2 -x MLTRAIN_FAULT=hang-rank-1 " +
-                               std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
-                               write_config(dir, 1000000) + " --set dist.timeout_s=5");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_NE(run.exit_code, 0) << run.output;
-  EXPECT_CONTAINS(run.output, "did not finish within dist.timeout_s = 5 s");
-  EXPECT_LT(seconds, 60.0);
 }
 
 }  // namespace

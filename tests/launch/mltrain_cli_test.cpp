@@ -85,7 +85,7 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   EXPECT_CONTAINS(none.output, "no config file given");
   const CommandResult missing = mltrain("/nonexistent.yaml --dry-run");
   EXPECT_EQ(missing.exit_code, kExitUserError);
-  EXPECT_CONTAINS(missing.output, "/nonexistent.yaml: cannot read the config file");
+  EXPECT_CONTAINS(missing.output, "/nonexistent.yaml: cannot open the config file: no such file");
   const CommandResult dangling = mltrain(kBase + " --set");
   EXPECT_EQ(dangling.exit_code, kExitUserError);
   EXPECT_CONTAINS(dangling.output,
@@ -162,8 +162,8 @@ TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
   for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
-                           "--eval-only", "--export-hf OUT_DIR", "--plot", "--dry-run",
-                           "--ranks INT", "--device-memory-gb FLOAT", "--dump-config"}) {
+                           "--eval-only", "--export-hf OUT_DIR", "--plot", "--dry-run", "--ranks N",
+                           "--device-memory-gb GB", "--dump-config"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");

@@ -5,13 +5,16 @@
 //   kill-during-checkpoint   SIGKILL once a checkpoint's weights are written, before the rename
 //   fail-checkpoint-write    a checkpoint write fails as on a full disk
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
-//   kill-rank-1              rank 1 of a multi-rank run SIGKILLs itself in step 3
-//   hang-rank-1              rank 1 of a multi-rank run sleeps for an hour in step 3
+//   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
+//   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
+//                            for an hour in step 3
 //   forbid-host-sync:A-B     from the gradients of each step A..B to the next step's, any call
 //                            that makes the host wait for the GPU throws (CUDA's sync debug mode)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include <chrono>
 #include <csignal>
@@ -45,6 +48,8 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   std::vector<std::function<void(int64_t, int, const std::vector<at::Tensor>&)>> after_gradients;
   const std::string nonfinite = "nonfinite-gradients:";
   const std::string forbid_sync = "forbid-host-sync:";
+  const std::string kill_rank = "kill-rank:";
+  const std::string hang_rank = "hang-rank:";
   for (const std::string& fault : faults) {
     if (fault == "kill-during-checkpoint") {
       hooks.during_checkpoint_write = [](const std::filesystem::path&) { std::raise(SIGKILL); };
@@ -67,13 +72,17 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
                                                            ? c10::cuda::SyncDebugMode::L_ERROR
                                                            : c10::cuda::SyncDebugMode::L_DISABLED);
       });
-    } else if (fault == "kill-rank-1" || fault == "hang-rank-1") {
-      const bool kill = fault == "kill-rank-1";
-      after_gradients.emplace_back([kill](int64_t step, int rank, const std::vector<at::Tensor>&) {
-        if (rank != 1 || step != 3) return;
-        if (kill) std::raise(SIGKILL);
-        std::this_thread::sleep_for(std::chrono::hours(1));
-      });
+    } else if (fault.starts_with(kill_rank) || fault.starts_with(hang_rank)) {
+      const bool kill = fault.starts_with(kill_rank);
+      const int chosen = std::stoi(fault.substr(fault.find(':') + 1));
+      after_gradients.emplace_back(
+          [kill, chosen](int64_t step, int rank, const std::vector<at::Tensor>&) {
+            if (rank != chosen || step != 3) return;
+            if (kill) std::raise(SIGKILL);
+            fmt::print(stderr, "rank {} hangs\n", rank);
+            std::fflush(stderr);
+            std::this_thread::sleep_for(std::chrono::hours(1));
+          });
     } else {
       throw std::invalid_argument("unknown MLTRAIN_FAULT " + fault);
     }

@@ -131,6 +131,33 @@ TEST(Safetensors, BadHeadersAreClearErrors) {
   EXPECT_NE(load_error(dir / "missing.safetensors").find("cannot open"), std::string::npos);
 }
 
+// A shape whose byte count overflows 64 bits could pass for one of a few bytes ([2^62 + 32, 4] of
+// F32 "needs" 512 bytes modulo 2^64): sizes are counted with overflow checks, and every number
+// must be a non-negative integer.
+TEST(Safetensors, ShapesAndOffsetsThatCannotBeCountedAreClearErrors) {
+  TemporaryDirectory dir;
+  const auto path = dir / "bad.safetensors";
+  const std::string data(512, '\0');
+  for (const auto& [entry, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"("shape": [4611686018427387936, 4], "data_offsets": [0, 512])",
+            "tensor 'w': its shape has more elements than 64-bit sizes count"},
+           {R"("shape": [0, 4611686018427387936, 4611686018427387936], "data_offsets": [0, 0])",
+            "tensor 'w': its shape has more elements than 64-bit sizes count"},
+           {R"("shape": [-1, 4], "data_offsets": [0, 512])",
+            "tensor 'w': \"shape\" holds -1, not a non-negative integer"},
+           {R"("shape": [2.5], "data_offsets": [0, 512])",
+            "tensor 'w': \"shape\" holds 2.5, not a non-negative integer"},
+           {R"("shape": "big", "data_offsets": [0, 512])",
+            "tensor 'w': \"shape\" must be a list of integers"},
+           {R"("shape": [128], "data_offsets": [-512, 0])",
+            "tensor 'w': \"data_offsets\" holds -512, not a non-negative integer"}}) {
+    write_text(path, safetensors_bytes(R"({"w": {"dtype": "F32", )" + entry + "}}", data));
+    EXPECT_CONTAINS(load_error(path), message);
+  }
+  write_text(path, safetensors_bytes(R"({"w": 7})", data));
+  EXPECT_CONTAINS(load_error(path), "tensor 'w': its entry must be a JSON object");
+}
+
 TEST(HfStateDict, NamesAreHuggingFaceLlamaNames) {
   EXPECT_EQ(hf_parameter_name("token_embeddings.weight"), "model.embed_tokens.weight");
   EXPECT_EQ(hf_parameter_name("layers.0.attn_norm.weight"),

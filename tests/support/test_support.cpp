@@ -69,6 +69,8 @@ BackgroundProcess::~BackgroundProcess() {
 
 void BackgroundProcess::signal(int signal_number) const { ::kill(pid_, signal_number); }
 
+void BackgroundProcess::signal_group(int signal_number) const { ::kill(-pid_, signal_number); }
+
 int BackgroundProcess::wait() {
   int status = 0;
   ::waitpid(pid_, &status, 0);

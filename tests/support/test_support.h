@@ -46,6 +46,9 @@ class BackgroundProcess {
   BackgroundProcess& operator=(const BackgroundProcess&) = delete;
 
   void signal(int signal_number) const;
+  // To the process group the process leads (a command run under setsid), as a terminal signals
+  // its foreground job on Ctrl-C.
+  void signal_group(int signal_number) const;
   // The exit code (128 + signal when killed by one).
   int wait();
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -143,6 +144,69 @@ TEST(Resume, DamagedCheckpointFilesAreNamed) {
   EXPECT_CONTAINS(resume_error(config), "model.safetensors: missing from the checkpoint");
   testing::write_text(checkpoint / "state.json", "{\"step\": ");
   EXPECT_CONTAINS(resume_error(config), "state.json: damaged checkpoint state");
+}
+
+// state.json is read as strictly as a config: of each key that is of the wrong type, out of range
+// or inconsistent with the others, the file and the key are named, and nothing is trained.
+TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  config.train.max_steps = 8;
+  const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
+  const auto saved = nlohmann::json::parse(testing::read_text(checkpoint / "state.json"));
+  const std::string path = (checkpoint / "state.json").string();
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](auto& state) { state["step"] = "abc"; },
+       "\"step\" must be an integer from 1 to 9007199254740992, got \"abc\""},
+      {[](auto& state) { state["step"] = int64_t{1} << 62; }, "\"step\" must be an integer"},
+      {[](auto& state) { state["step"] = 3; },
+       "\"step\" is 3, but the checkpoint directory is step_00000004"},
+      {[](auto& state) { state["samples_consumed"] = INT64_MAX; },
+       "\"samples_consumed\" must be an integer from 4 to 9007199254740992"},
+      {[](auto& state) { state["samples_consumed"] = 2; },
+       "\"samples_consumed\" must be an integer from 4"},
+      {[](auto& state) { state["tokens_seen"] = 1 << 30; },
+       "\"tokens_seen\" (1073741824) is more than \"samples_consumed\" (64) windows of at most "
+       "model.max_seq_len (32) tokens hold"},
+      {[](auto& state) { state["world_size"] = 0; },
+       "\"world_size\" must be an integer from 1 to 1048576, got 0"},
+      {[](auto& state) { state["learning_rate"] = "fast"; },
+       "\"learning_rate\" must be a number of at least 0"},
+      {[](auto& state) { state["best_val_loss"] = -1; },
+       "\"best_val_loss\" must be a number of at least 0 or null"},
+      {[](auto& state) { state["rng"]["cpu"] = "zz"; },
+       "\"rng.cpu\" must be a string of lowercase hexadecimal digits"},
+      {[](auto& state) { state["rng"]["cpu"] = "00"; },
+       "\"rng.cpu\" holds 1 bytes; this LibTorch's CPU generator state has"},
+      {[](auto& state) { state.erase("rng"); }, "\"rng\" is missing"},
+      {[](auto& state) { state["checksums_xxh3"]["../../etc/passwd"] = "0000000000000000"; },
+       "\"checksums_xxh3\" lists files that are not a checkpoint's"},
+      {[](auto& state) { state["checksums_xxh3"]["config.yaml"] = 5; },
+       "\"checksums_xxh3.config.yaml\" must be 16 lowercase hexadecimal digits"},
+      {[](auto& state) { state["format"] = 2; }, "\"format\" must be an integer from 1 to 1"},
+      {[](auto& state) { state = nlohmann::json::array(); }, "not a JSON object"},
+  };
+  for (const auto& [damage, message] : cases) {
+    nlohmann::json state = saved;
+    damage(state);
+    testing::write_text(checkpoint / "state.json", state.dump());
+    const std::string error = resume_error(config);
+    EXPECT_CONTAINS(error, path);
+    EXPECT_CONTAINS(error, message);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000008"));
+}
+
+// A checkpoint at or past the run's last step has nothing left to train: said so, not "trained -N
+// steps".
+TEST(Resume, ARunResumedAtItsLastStepHasNothingToTrain) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  const std::string metrics = testing::read_text(dir / "run" / "metrics.jsonl");
+  config.train.max_steps = 3;
+  config.optim.warmup_steps = 1;
+  train(config, "auto");
+  EXPECT_EQ(testing::read_text(dir / "run" / "metrics.jsonl"), metrics) << "nothing was run";
 }
 
 TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {

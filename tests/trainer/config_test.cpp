@@ -151,6 +151,36 @@ TEST(Config, InconsistentValuesAreNamed) {
   EXPECT_CONTAINS(config_error("model:\n  head_dim: 63\n"), "model.head_dim (63) must be even");
 }
 
+// Every other config mistake is an error, so a repeated key or section (of which YAML parsers
+// keep the last) is one too, with both lines named.
+TEST(Config, AKeyOrSectionGivenTwiceNamesBothLines) {
+  EXPECT_CONTAINS(config_error("model:\n  d_model: 256\n  n_layers: 4\n  d_model: 512\n"),
+                  "run.yaml:4: model.d_model is given twice, here and at line 2: keep one");
+  EXPECT_CONTAINS(config_error("model:\n  d_model: 256\ndata:\n  seed: 1\nmodel:\n  n_layers: 4\n"),
+                  "run.yaml:5: section model is given twice, here and at line 1: keep one");
+  EXPECT_CONTAINS(config_error("model:\n  ? [a, b]\n  : 1\n"), "a key must be a plain name");
+}
+
+// Each count derived from the config (parameters, tokens per step, bytes) must stay countable:
+// a slip of a digit stops at the config, with the keys named, instead of overflowing later.
+TEST(Config, SizesBeyondWhatCanBeCountedNameTheirKeys) {
+  EXPECT_CONTAINS(config_error("", {"model.d_model=1000000000", "model.head_dim=1000000000",
+                                    "model.n_q_heads=1", "model.n_kv_heads=1"}),
+                  "the model.* keys describe a model of 4.8e+19 parameters, more than the 2.81e+14 "
+                  "mltrain can train: model.vocab_size 4096, d_model 1000000000");
+  EXPECT_CONTAINS(
+      config_error("", {"data.micro_batch=4611686018427387904", "data.grad_accum=4"}),
+      "data.micro_batch (4611686018427387904) x data.grad_accum (4) x data.seq_len (1024) is "
+      "1.89e+22 tokens per step and rank, more than mltrain takes (1.1e+12)");
+  EXPECT_CONTAINS(config_error("", {"train.run_dir="}), "train.run_dir is empty");
+  // The largest sizes that are refused are far beyond any real run's.
+  EXPECT_EQ(
+      config_error("", {"model.d_model=16384", "model.n_layers=128", "model.d_ffn=53248",
+                        "model.n_q_heads=128", "model.n_kv_heads=8", "model.head_dim=128",
+                        "model.vocab_size=128256", "data.micro_batch=64", "data.grad_accum=64"}),
+      "");
+}
+
 TEST(Config, BadFilesAreNamed) {
   EXPECT_CONTAINS(config_error("model:\n  d_model: [1\n"), "not valid YAML");
   EXPECT_CONTAINS(config_error("- 1\n- 2\n"), "expected a mapping of sections");
@@ -159,7 +189,7 @@ TEST(Config, BadFilesAreNamed) {
     FAIL();
   } catch (const UserError& error) {
     EXPECT_CONTAINS(std::string(error.what()),
-                    "/nonexistent/run.yaml: cannot read the config file");
+                    "/nonexistent/run.yaml: cannot open the config file: no such file");
   }
 }
 

@@ -60,7 +60,7 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   const int64_t p = kBaseParameters;
   const int64_t eighth = (p + 7) / 8;
   const MemoryPlan plain = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
-  EXPECT_EQ(plain.weights, 4 * p);
+  EXPECT_EQ(plain.weights, 4 * p + 2 * 4 * 1024 * 64);  // and the rotary tables' cos and sin
   EXPECT_EQ(plain.gradients, 4 * p);
   EXPECT_EQ(plain.optimizer, 8 * p);
   EXPECT_EQ(plain.optimizer_sharded, 8 * eighth);
@@ -90,10 +90,10 @@ TEST(MemoryPlan, ActivationsMatchWhatTheGraphOfAMicroBatchHolds) {
         const int64_t measured = measured_activations(model, batch, length, bf16, checkpointing);
         // Held after forward, besides the activations: the weights' casts, and the chunked loss's
         // weight gradient (the gradients of the ATen path's logits come in backward).
-        const int64_t planned = activation_bytes(model, batch * length, path, checkpointing) +
-                                (bf16 ? 2 * model.parameters() : 0) +
-                                (ours ? 4 * model.vocab_size * model.d_model : 0);
-        EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(planned), 0.03 * measured)
+        const double planned = activation_bytes(model, batch * length, path, checkpointing) +
+                               (bf16 ? 2 * model.parameters() : 0) +
+                               (ours ? 4 * model.vocab_size * model.d_model : 0);
+        EXPECT_NEAR(static_cast<double>(measured), planned, 0.03 * measured)
             << (ours ? "fused" : "aten") << (bf16 ? ", bf16" : ", fp32")
             << (checkpointing ? ", checkpointing" : "");
       }
@@ -105,8 +105,8 @@ TEST(MemoryPlan, CheckpointingCutsTheBaseModelsActivationsManyTimes) {
   const int64_t tokens = 16 * 1024;
   for (const bool bf16 : {false, true}) {
     const ComputePath path{.bf16 = bf16};
-    const double kept = static_cast<double>(activation_bytes(ModelConfig(), tokens, path, false));
-    EXPECT_GT(kept / static_cast<double>(activation_bytes(ModelConfig(), tokens, path, true)), 3.0);
+    const double kept = activation_bytes(ModelConfig(), tokens, path, false);
+    EXPECT_GT(kept / activation_bytes(ModelConfig(), tokens, path, true), 3.0);
   }
 }
 
@@ -136,6 +136,21 @@ TEST(MemoryPlan, APlanThatDoesNotFitNamesWhatWouldMakeItFit) {
   EXPECT_CONTAINS(tight,
                   "it would fit with dist.zero_stage=1, train.activation_checkpointing=true "
                   "and data.micro_batch=");
+}
+
+// The largest batch a config may ask for, 2^40 tokens of a micro-batch, is planned in bytes that
+// do not overflow, and the remedy is found among its 2^30 micro-batch sizes by halving.
+TEST(MemoryPlan, TheLargestBatchAConfigTakesIsPlannedWithoutOverflow) {
+  Config config;
+  config.data.micro_batch = int64_t{1} << 30;
+  config.data.grad_accum = 1;
+  const PlanTarget gpu{.ranks = 8, .cuda = true, .bf16 = true, .device_memory = 80e9};
+  const MemoryPlan plan = plan_memory(config, gpu);
+  // Per token, the ATen path keeps at least the logits' log-softmax: 4 bytes a word of the
+  // vocabulary.
+  EXPECT_GT(plan.activations, 4.0 * 4096 * 0x1p40);
+  EXPECT_FALSE(plan.fits());
+  EXPECT_CONTAINS(memory_shortfall(plan, config), "data.micro_batch=");
 }
 
 }  // namespace

@@ -1,0 +1,232 @@
+// Bad input as a careless user or an attacker gives it, met as a user meets it: one clear line
+// that names the file or the key, exit code 2, and nothing already saved harmed. Each case is one
+// that once ended otherwise: in a hang, a crash, a stack trace, exit code 1 or a silent mistake.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "tests/launch/trained_run.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+
+namespace mltrain {
+namespace {
+
+using testing::CommandResult;
+using testing::TemporaryDirectory;
+
+// Every command is given a deadline: a case that once hung must fail, not stall the suite.
+CommandResult run(const std::string& executable, const std::string& arguments) {
+  return testing::run_command("timeout 60 " + std::string(MLTRAIN_BIN_DIR) + "/" + executable +
+                              " " + arguments);
+}
+
+size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+// The tiny run's config file in `dir`, with `change` made to it.
+std::string tiny_config(
+    const TemporaryDirectory& dir, const std::function<void(Config&)>& change = [](Config&) {}) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.optim.warmup_steps = 1;
+  change(config);
+  const auto path = dir / "run.yaml";
+  testing::write_text(path, config_to_yaml(config));
+  return path.string();
+}
+
+void expect_user_error(const CommandResult& result, const std::string& message) {
+  EXPECT_EQ(result.exit_code, kExitUserError) << result.output;
+  EXPECT_CONTAINS(result.output, message);
+  EXPECT_EQ(result.output.find("frame #"), std::string::npos) << "a stack trace: " << result.output;
+}
+
+// A named pipe blocks whoever opens it to read until a writer comes; a directory or a device is no
+// file to read either. Each is refused at once, wherever a path is given.
+TEST(BadInput, PathsThatAreNoFileToReadAreRefusedAtOnce) {
+  TemporaryDirectory dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0644), 0);
+  std::filesystem::create_directory(dir / "shards");
+  ASSERT_EQ(::mkfifo((dir / "shards" / "train_000000.bin").c_str(), 0644), 0);
+  std::filesystem::create_directory(dir / "folder.bin");
+
+  const CommandResult config_pipe = run("mltrain", (dir / "pipe").string() + " --dry-run");
+  expect_user_error(config_pipe,
+                    "pipe: the config file is a named pipe (FIFO), not a file to read");
+  EXPECT_EQ(lines(config_pipe.output), 1u) << config_pipe.output;
+  const CommandResult config_folder = run("mltrain", dir.path().string() + " --dry-run");
+  expect_user_error(config_folder, dir.path().string() + ": the config file is a directory");
+  expect_user_error(run("mltrain", "/dev/zero --dry-run"),
+                    "/dev/zero: the config file is a character device");
+
+  const std::string train_pipe =
+      tiny_config(dir, [&](Config& config) { config.data.train = (dir / "pipe").string(); });
+  expect_user_error(run("mltrain", train_pipe), "pipe: the token shard is a named pipe");
+  const std::string glob_pipe = tiny_config(
+      dir, [&](Config& config) { config.data.train = (dir / "shards" / "*.bin").string(); });
+  expect_user_error(run("mltrain", glob_pipe), "train_000000.bin: the token shard is a named pipe");
+  const std::string folder =
+      tiny_config(dir, [&](Config& config) { config.data.val = (dir / "folder.bin").string(); });
+  expect_user_error(run("mltrain", folder), "folder.bin: the token shard is a directory");
+  const std::string tokenizer_pipe =
+      tiny_config(dir, [&](Config& config) { config.data.tokenizer = (dir / "pipe").string(); });
+  expect_user_error(run("mltrain", tokenizer_pipe), "pipe: the tokenizer model is a named pipe");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "a refused run leaves nothing";
+
+  testing::write_text(dir / "text.txt", "one document\n\nand another\n");
+  expect_user_error(run("mlprep", "--input " + (dir / "text.txt").string() + " --tokenizer " +
+                                      (dir / "pipe").string() + " --out " + (dir / "out").string()),
+                    "pipe: the tokenizer model is a named pipe");
+  // A pipe is an input mlprep takes (with a tokenizer given); a device, one endless line, is not.
+  expect_user_error(run("mlprep", "--input /dev/zero --tokenizer " + (dir / "pipe").string() +
+                                      " --out " + (dir / "out").string()),
+                    "/dev/zero: a device or a socket, not a corpus");
+}
+
+// What a run writes in its directory, found to be something else: named, exit 2, not a raw
+// filesystem error.
+TEST(BadInput, ARunDirectoryHoldingOtherThingsWhereItWritesIsNamed) {
+  TemporaryDirectory dir;
+  const std::string config = tiny_config(dir);
+  std::filesystem::create_directories(dir / "run");
+  testing::write_text(dir / "run" / "checkpoints", "a file");
+  expect_user_error(run("mltrain", config + " --resume auto"),
+                    (dir / "run" / "checkpoints").string() +
+                        ": not a directory, where the run keeps its checkpoints");
+  std::filesystem::remove(dir / "run" / "checkpoints");
+  ASSERT_EQ(::mkfifo((dir / "run" / "metrics.jsonl").c_str(), 0644), 0);
+  expect_user_error(run("mltrain", config),
+                    (dir / "run" / "metrics.jsonl").string() + ": not a regular file");
+  testing::write_text(dir / "file", "");
+  const std::string file_run_dir =
+      tiny_config(dir, [&](Config& config) { config.train.run_dir = (dir / "file").string(); });
+  expect_user_error(run("mltrain", file_run_dir), "file is a file, not a directory");
+}
+
+// A safetensors shape whose element count overflows 64 bits once passed the size check, and
+// LibTorch then threw with a stack trace; through --eval-only and through model.init_from.
+TEST(BadInput, ASafetensorsShapeThatOverflowsIsOneLine) {
+  TemporaryDirectory dir;
+  const std::string header =
+      R"({"model.embed_tokens.weight": {"dtype": "F32", "shape": [4611686018427387936, 4], )"
+      R"("data_offsets": [0, 512]}})";
+  const uint64_t length = header.size();
+  const std::string bytes = std::string(reinterpret_cast<const char*>(&length), sizeof(length)) +
+                            header + std::string(512, '\0');
+  std::filesystem::create_directory(dir / "hf");
+  testing::write_text(dir / "hf" / "model.safetensors", bytes);
+  const std::string message =
+      "tensor 'model.embed_tokens.weight': its shape has more elements than 64-bit sizes count";
+  const std::string config = tiny_config(dir);
+  const CommandResult evaluated = run(
+      "mltrain", config + " --eval-only --resume " + (dir / "hf" / "model.safetensors").string());
+  expect_user_error(evaluated, message);
+
+  const nlohmann::json hf_config = {{"model_type", "llama"},
+                                    {"vocab_size", 32},
+                                    {"hidden_size", 32},
+                                    {"intermediate_size", 64},
+                                    {"num_hidden_layers", 2},
+                                    {"num_attention_heads", 4},
+                                    {"num_key_value_heads", 2},
+                                    {"head_dim", 8},
+                                    {"max_position_embeddings", 32},
+                                    {"rms_norm_eps", 1e-6},
+                                    {"tie_word_embeddings", true}};
+  testing::write_text(dir / "hf" / "config.json", hf_config.dump());
+  const std::string init_from =
+      tiny_config(dir, [&](Config& c) { c.init_from = (dir / "hf").string(); });
+  expect_user_error(run("mltrain", init_from), message);
+}
+
+// Sizes whose products overflow once printed negative parameter counts or threw from the
+// allocator; numbers on the command line that are not finite, or absurd, were taken.
+TEST(BadInput, SizesBeyondCountingAndAbsurdNumbersAreOneLine) {
+  const std::string base =
+      MLTRAIN_SOURCE_DIR "/configs/base.yaml --dry-run --set train.device=cpu ";
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--set model.d_model=1000000000 --set model.head_dim=1000000000 "
+            "--set model.n_q_heads=1 --set model.n_kv_heads=1",
+            "parameters, more than the 2.81e+14 mltrain can train"},
+           {"--set data.micro_batch=4611686018427387904 --set data.grad_accum=4",
+            "tokens per step and rank, more than mltrain takes"},
+           {"--device-memory-gb 1e308",
+            "--device-memory-gb: expected a number of GB above 0 and at most 1000000, got "
+            "\"1e308\""},
+           {"--device-memory-gb nan", "expected a number of GB above 0"},
+           {"--device-memory-gb -3", "expected a number of GB above 0"},
+           {"--ranks 0", "--ranks: expected an integer from 1 to 1048576, got \"0\""},
+           {"--ranks 99999999999999999999", "--ranks: expected an integer from 1 to 1048576"}}) {
+    const CommandResult result = run("mltrain", base + arguments);
+    expect_user_error(result, message);
+    EXPECT_EQ(lines(result.output), 1u) << result.output;
+    EXPECT_LT(result.output.size(), 400u) << result.output;
+  }
+}
+
+TEST(BadInput, AKeyGivenTwiceIsOneLineNamingBothLines) {
+  TemporaryDirectory dir;
+  testing::write_text(dir / "twice.yaml",
+                      "model:\n  d_model: 256\ntrain:\n  device: cpu\nmodel:\n  n_layers: 2\n");
+  const CommandResult result = run("mltrain", (dir / "twice.yaml").string() + " --dry-run");
+  expect_user_error(result, "twice.yaml:5: section model is given twice, here and at line 1");
+  EXPECT_EQ(lines(result.output), 1u) << result.output;
+}
+
+// `latest` may be made to point at any file: it is named, and what it holds is not shown.
+TEST(BadInput, ALatestThatNamesNoCheckpointIsNamedNotQuoted) {
+  TemporaryDirectory dir;
+  const std::string config = testing::trained_run(dir);
+  const auto latest = dir / "run" / "checkpoints" / "latest";
+  testing::write_text(dir / "secret.txt", "password=hunter2\n");
+  std::filesystem::remove(latest);
+  std::filesystem::create_symlink(dir / "secret.txt", latest);
+  for (const char* tool : {"mltrain", "mlgen"}) {
+    const CommandResult result = std::string(tool) == "mltrain"
+                                     ? run(tool, config + " --eval-only --resume auto")
+                                     : run(tool, (dir / "run").string() + " --prompt x");
+    expect_user_error(result, latest.string() + ": does not name a checkpoint");
+    EXPECT_EQ(result.output.find("hunter2"), std::string::npos) << result.output;
+  }
+}
+
+TEST(BadInput, AStateOfTheWrongTypeNamesTheFileAndTheKey) {
+  TemporaryDirectory dir;
+  const std::string config = testing::trained_run(dir);
+  const auto state_path = dir / "run" / "checkpoints" / "step_00000004" / "state.json";
+  auto state = nlohmann::json::parse(testing::read_text(state_path));
+  state["rng"]["cpu"] = "zz";
+  testing::write_text(state_path, state.dump());
+  const CommandResult result = run("mltrain", config + " --resume auto --set train.max_steps=6");
+  expect_user_error(result, state_path.string() +
+                                ": \"rng.cpu\" must be a string of lowercase "
+                                "hexadecimal digits");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006"));
+}
+
+// A line a crash cut short (or any other bad one) is passed over, with the file and line named;
+// a run directory without metrics is nothing to plot.
+TEST(BadInput, PlotPassesOverBadLinesAndNeedsMetrics) {
+  if (testing::run_command("command -v gnuplot").exit_code != 0)
+    GTEST_SKIP() << "no gnuplot (launch/setup.sh installs it)";
+  TemporaryDirectory dir;
+  const std::string config = testing::trained_run(dir);
+  const auto metrics = dir / "run" / "metrics.jsonl";
+  std::filesystem::remove(dir / "run" / "loss.png");
+  testing::write_text(metrics, testing::read_text(metrics) + "{\"step\": \"x\", \"loss\": 1}\n" +
+                                   "not json\n" + "{\"step\": 5, \"loss\": \"high\"}\n{\"ste");
+  const CommandResult plotted = run("mltrain", config + " --plot");
+  EXPECT_EQ(plotted.exit_code, 0) << plotted.output;
+  EXPECT_CONTAINS(plotted.output, metrics.string() +
+                                      ": passed over 3 line(s) that are not metrics "
+                                      "records, the first at line");
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "loss.png"));
+
+  std::filesystem::remove(metrics);
+  expect_user_error(run("mltrain", config + " --plot"), metrics.string() + ": no metrics to plot");
+}
+
+}  // namespace
+}  // namespace mltrain

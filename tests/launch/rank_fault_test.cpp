@@ -1,0 +1,116 @@
+// Runs of several ranks under mpirun on the CPU, when a rank dies, hangs or disagrees, and when the
+// person at the terminal stops them. Failures are made on purpose by mltrain_faults
+// (tests/launch/mltrain_with_faults.cpp).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+
+#include "common/error.h"
+#include "tests/launch/fault_support.h"
+#include "tests/support/test_support.h"
+
+namespace mltrain {
+namespace {
+
+using testing::mpirun;
+using testing::run_command;
+using testing::TemporaryDirectory;
+using testing::write_config;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string mltrain_faults(const std::string& fault, const std::string& arguments) {
+  return "-x MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
+         arguments;
+}
+
+// The survivors do not wait for a dead rank; Open MPI then signals them (SIGTERM, then SIGKILL):
+// they may not say that they will checkpoint, which they cannot.
+TEST(RankFaults, ARankThatDiesStopsTheOthers) {
+  TemporaryDirectory dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto run =
+      run_command(mpirun(2) + " " + mltrain_faults("kill-rank:1", write_config(dir, 1000000)));
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_LT(seconds_since(start), 60.0) << "the surviving rank must not wait for the dead one";
+  EXPECT_EQ(run.output.find("stops after step"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("checkpointing after this step"), std::string::npos) << run.output;
+}
+
+TEST(RankFaults, RanksThatDisagreeStopBeforeTraining) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 8);
+  // Two ranks started with different overrides (mpirun's multiple-program syntax).
+  const auto mismatch =
+      run_command(mpirun(1) + " " + testing::mltrain(config + " --set optim.lr=1e-3") + " : -n 1 " +
+                  testing::mltrain(config + " --set optim.lr=2e-3"));
+  EXPECT_EQ(mismatch.exit_code, kExitUserError) << mismatch.output;
+  EXPECT_CONTAINS(mismatch.output, "the ranks were given different configs");
+  const auto backend =
+      run_command(mpirun(2) + " " + testing::mltrain(config + " --set dist.backend=nccl"));
+  EXPECT_EQ(backend.exit_code, kExitUserError) << backend.output;
+  EXPECT_CONTAINS(backend.output, "dist.backend nccl needs CUDA training");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
+}
+
+// A rank that hangs, whichever it is, ends the run within dist.timeout_s and the few seconds of
+// Open MPI's kill (the README's margin): the rank that gives up does not wait again for the votes
+// it had in flight with the hung one.
+TEST(RankFaults, ARankThatHangsEndsTheRunWithinTheTimeout) {
+  constexpr double kTimeout = 10;
+  constexpr double kMargin = 5;
+  for (const int hung : {0, 1}) {
+    TemporaryDirectory dir;
+    const std::string log = (dir / "log.txt").string();
+    testing::BackgroundProcess run(
+        mpirun(2) + " " +
+            mltrain_faults(fmt::format("hang-rank:{}", hung),
+                           write_config(dir, 1000000) + " --set dist.timeout_s=10"),
+        log);
+    const std::string hangs = fmt::format("rank {} hangs", hung);
+    testing::wait_until([&] { return testing::read_text(log).find(hangs) != std::string::npos; });
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_NE(run.wait(), 0) << testing::read_text(log);
+    EXPECT_LT(seconds_since(start), kTimeout + kMargin) << "rank " << hung << " hung";
+    EXPECT_CONTAINS(testing::read_text(log), "did not finish within dist.timeout_s = 10 s");
+  }
+}
+
+// Ctrl-C at a terminal reaches the foreground job's process group: launch/local_ranks.sh turns it
+// into SIGUSR1 to mpirun, which forwards it to every rank, and the ranks checkpoint and exit 0.
+// mpirun's own answer to Ctrl-C kills them too soon to save.
+TEST(RankFaults, CtrlCOnTheLauncherCheckpointsAndExitsZero) {
+  TemporaryDirectory dir;
+  const std::string log = (dir / "log.txt").string();
+  testing::BackgroundProcess launcher(
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MLTRAIN_BIN=" MLTRAIN_BIN_DIR
+      "/mltrain setsid bash " MLTRAIN_SOURCE_DIR "/launch/local_ranks.sh 2 " +
+          write_config(dir, 1000000) + " --set train.threads=1",
+      log);
+  testing::wait_for_step(dir / "run" / "metrics.jsonl", 3);
+  launcher.signal_group(SIGINT);
+  ASSERT_EQ(launcher.wait(), 0) << testing::read_text(log);
+  EXPECT_CONTAINS(testing::read_text(log), "stopped by User defined signal 1");
+  EXPECT_GE(testing::latest_step(dir / "run"), 3);
+}
+
+// Under a plain mpirun, SIGUSR1 to mpirun is the way to stop with a checkpoint, and the run says so
+// when it starts.
+TEST(RankFaults, SigusrOneToMpirunCheckpointsAndExitsZero) {
+  TemporaryDirectory dir;
+  const std::string log = (dir / "log.txt").string();
+  testing::BackgroundProcess run(mpirun(2) + " " + testing::mltrain(write_config(dir, 1000000)),
+                                 log);
+  testing::wait_for_step(dir / "run" / "metrics.jsonl", 3);
+  run.signal(SIGUSR1);
+  ASSERT_EQ(run.wait(), 0) << testing::read_text(log);
+  EXPECT_CONTAINS(testing::read_text(log), "to stop with a checkpoint, send SIGUSR1 to mpirun");
+  EXPECT_GE(testing::latest_step(dir / "run"), 3);
+}
+
+}  // namespace
+}  // namespace mltrain
