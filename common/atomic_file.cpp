@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <system_error>
 
@@ -89,6 +90,15 @@ void fsync_directory(const std::filesystem::path& directory) {
   const int result = ::fsync(fd);
   ::close(fd);
   if (result != 0) fail("cannot flush directory", directory);
+}
+
+std::optional<std::string> unwritable_reason(const std::filesystem::path& directory) {
+  const std::filesystem::path probe = directory / (".write-probe." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return std::nullopt;
 }
 
 }  // namespace mltrain

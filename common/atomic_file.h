@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace mltrain {
@@ -36,5 +38,9 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view t
 
 // Flushes a directory entry (a rename or a new file in it) to disk.
 void fsync_directory(const std::filesystem::path& directory);
+
+// Why no file can be made in `directory` (permissions, a read-only filesystem), found by making and
+// removing one; none where one can.
+std::optional<std::string> unwritable_reason(const std::filesystem::path& directory);
 
 }  // namespace mltrain

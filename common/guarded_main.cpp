@@ -18,11 +18,13 @@ std::string_view first_line(std::string_view message) {
   return message.substr(0, message.find('\n'));
 }
 
-// A path mltrain may not write or read is the user's to fix, like any other bad input; other
-// filesystem failures (a full disk, an I/O error) are runtime failures.
+// A path mltrain may not write or read, or something in the way of one it writes, is the user's
+// to fix, like any other bad input; other filesystem failures (a full disk, an I/O error) are
+// runtime failures.
 bool is_users_to_fix(const std::error_code& code) {
   return code == std::errc::permission_denied || code == std::errc::read_only_file_system ||
-         code == std::errc::operation_not_permitted;
+         code == std::errc::operation_not_permitted || code == std::errc::is_a_directory ||
+         code == std::errc::not_a_directory || code == std::errc::too_many_symbolic_link_levels;
 }
 
 }  // namespace

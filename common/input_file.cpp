@@ -40,11 +40,16 @@ UserError cannot_open(const std::filesystem::path& path, std::string_view role, 
 
 InputFile::InputFile(const std::filesystem::path& path, std::string_view role)
     : path_(path), role_(role) {
-  // O_NONBLOCK: opening a named pipe returns at once instead of waiting for a writer; on a
-  // regular file it changes nothing.
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) throw cannot_open(path_, role_, errno);
+  // Looked at before it is opened: opening a device can act (a tape rewinds), and a socket cannot
+  // be opened at all.
   struct stat status {};
+  if (::stat(path_.c_str(), &status) != 0) throw cannot_open(path_, role_, errno);
+  if (!S_ISREG(status.st_mode)) throw not_a_file(path_, role_, status.st_mode);
+  // Looked at again once open, in case the path changed in between: O_NONBLOCK, so that a named
+  // pipe put there meanwhile does not wait for a writer, and O_NOCTTY, so that a terminal does
+  // not become this process's.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd_ < 0) throw cannot_open(path_, role_, errno);
   if (::fstat(fd_, &status) != 0 || !S_ISREG(status.st_mode)) {
     const mode_t mode = status.st_mode;
     ::close(fd_);
@@ -108,12 +113,6 @@ std::string InputFile::read_all(uint64_t max_bytes) const {
 std::string read_text_file(const std::filesystem::path& path, std::string_view role,
                            uint64_t max_bytes) {
   return InputFile(path, role).read_all(max_bytes);
-}
-
-void require_regular_file(const std::filesystem::path& path, std::string_view role) {
-  struct stat status {};
-  if (::stat(path.c_str(), &status) != 0) throw cannot_open(path, role, errno);
-  if (!S_ISREG(status.st_mode)) throw not_a_file(path, role, status.st_mode);
 }
 
 }  // namespace mltrain

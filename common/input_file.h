@@ -51,8 +51,4 @@ inline constexpr uint64_t kMaxTextFileBytes = uint64_t{64} << 20;
 std::string read_text_file(const std::filesystem::path& path, std::string_view role,
                            uint64_t max_bytes = kMaxTextFileBytes);
 
-// Checks that `path` names a regular file (following links), for a library that opens the path
-// itself; the same UserError as InputFile's otherwise.
-void require_regular_file(const std::filesystem::path& path, std::string_view role);
-
 }  // namespace mltrain

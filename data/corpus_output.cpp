@@ -1,12 +1,9 @@
 #include "data/corpus_output.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <regex>
 #include <set>
 #include <string>
@@ -19,7 +16,8 @@
 namespace mltrain {
 namespace {
 
-// Staging directories are named for the process; one left by a killed run is removed by the next.
+// Staging directories are named for the process; one left by a killed run is removed by the next,
+// which holds the lock.
 constexpr std::string_view kStagingPrefix = ".mlprep-staging-";
 
 UserError cannot(const char* what, const std::filesystem::path& path,
@@ -35,24 +33,22 @@ bool is_mlprep_file_name(const std::string& name) {
 }
 
 CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
-    : directory_(std::move(directory)) {
+    : directory_(std::move(directory)),
+      lock_(directory_, {.lock_file = ".mlprep.lock",
+                         .owner = "mlprep",
+                         .setting = "--out",
+                         .keep_lock_file = false}) {
   std::error_code error;
-  made_directory_ = std::filesystem::create_directories(directory_, error);
-  if (error) throw cannot("create the directory", directory_, error);
   std::filesystem::directory_iterator entries(directory_, error);
   if (error) throw cannot("list the directory", directory_, error);
   bool empty = true;
   for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
+    if (name == lock_.lock_file()) continue;
+    // With the lock held, a staging directory is a killed run's.
     if (entry.is_directory() && name.starts_with(kStagingPrefix)) {
-      // Left by a killed run, unless its process still runs: another mlprep writing here.
-      const pid_t pid = static_cast<pid_t>(std::atoll(name.c_str() + kStagingPrefix.size()));
-      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-        remove_tree(entry.path());
-        continue;
-      }
-      throw UserError(fmt::format("--out {}: another mlprep (process {}) is writing there",
-                                  directory_.string(), pid));
+      remove_tree(entry.path());
+      continue;
     }
     empty = false;
   }
@@ -71,7 +67,6 @@ CorpusOutput::~CorpusOutput() {
   if (published_ || publishing_) return;
   std::error_code ignored;
   remove_tree(write_directory_, ignored);
-  if (made_directory_) std::filesystem::remove(directory_, ignored);  // only if empty
 }
 
 void CorpusOutput::publish() {

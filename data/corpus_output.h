@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <string>
 
+#include "common/directory_lock.h"
+
 namespace mltrain {
 
 // Where mlprep writes a corpus. The shards and the tokenizer are written into a staging directory
@@ -11,7 +13,8 @@ namespace mltrain {
 // a killed run's staging directory goes with the next run. A non-empty directory is refused (a
 // UserError) unless `overwrite`; then publish() moves the new files over mlprep's earlier ones
 // (shards, tokenizer, their temporaries) and removes those it did not replace. Files that are not
-// mlprep's are never touched. A directory another mlprep is writing into is refused.
+// mlprep's are never touched. A directory another mlprep is writing into is refused (a
+// DirectoryLock on --out/.mlprep.lock, removed again when the run ends).
 class CorpusOutput {
  public:
   CorpusOutput(std::filesystem::path directory, bool overwrite);
@@ -28,8 +31,8 @@ class CorpusOutput {
 
  private:
   std::filesystem::path directory_;
+  DirectoryLock lock_;  // first in, last out: it removes a directory it made, once empty again
   std::filesystem::path write_directory_;
-  bool made_directory_ = false;
   bool publishing_ = false;
   bool published_ = false;
 };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 
 namespace mltrain {
@@ -19,13 +20,17 @@ struct sigaction previous_action {};
 // Runs on the thread whose read faulted. Everything it calls is async-signal-safe (mmap and
 // sigaction are plain system calls).
 extern "C" void on_bus_error(int signal, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
   MappingReadGuard::Range* range = guarded_range;
   const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
-  if (range != nullptr && address >= range->begin && address < range->end) {
+  // BUS_ADRERR: a page of the mapping that the file no longer backs.
+  if (range != nullptr && info->si_code == BUS_ADRERR && address >= range->begin &&
+      address < range->end) {
     const uintptr_t first_page = address & ~(page_size - 1);
     const uintptr_t end = (range->end + page_size - 1) & ~(page_size - 1);
     void* zeros = ::mmap(reinterpret_cast<void*>(first_page), end - first_page, PROT_READ,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    errno = saved_errno;
     if (zeros != MAP_FAILED) {
       range->faulted = 1;
       return;  // the faulting load runs again, on a zero page
@@ -55,7 +60,8 @@ void install_handler() {
 }  // namespace
 
 MappingReadGuard::MappingReadGuard(const void* begin, size_t length)
-    : range_{reinterpret_cast<uintptr_t>(begin), reinterpret_cast<uintptr_t>(begin) + length, 0} {
+    : range_{reinterpret_cast<uintptr_t>(begin), reinterpret_cast<uintptr_t>(begin) + length, 0},
+      outer_(guarded_range) {
   install_handler();
   guarded_range = &range_;
   // The compiler must not move the guarded reads before the guard is set, nor after it is read.
@@ -64,7 +70,7 @@ MappingReadGuard::MappingReadGuard(const void* begin, size_t length)
 
 MappingReadGuard::~MappingReadGuard() {
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  guarded_range = nullptr;
+  guarded_range = outer_;
 }
 
 bool MappingReadGuard::faulted() const {

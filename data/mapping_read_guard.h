@@ -11,7 +11,7 @@ namespace mltrain {
 // word. While a MappingReadGuard lives, a SIGBUS on this thread inside its bytes maps zero-filled
 // pages over the rest of them, so that the read runs to its end, and faulted() turns true: the
 // reader then says which file changed and how. A SIGBUS anywhere else keeps its default action, a
-// crash, as without the guard. Guards do not nest.
+// crash, as without the guard. A guard inside another guards its own bytes until it goes.
 class MappingReadGuard {
  public:
   MappingReadGuard(const void* begin, size_t length);
@@ -31,6 +31,7 @@ class MappingReadGuard {
 
  private:
   Range range_;
+  Range* outer_;  // the guard this one is inside, if any
 };
 
 }  // namespace mltrain

@@ -142,8 +142,8 @@ int64_t ShardSeriesWriter::finish() {
 
 namespace {
 
-int64_t modified_ns(const struct stat& status) {
-  return static_cast<int64_t>(status.st_mtim.tv_sec) * 1'000'000'000 + status.st_mtim.tv_nsec;
+int64_t nanoseconds(const struct timespec& time) {
+  return static_cast<int64_t>(time.tv_sec) * 1'000'000'000 + time.tv_nsec;
 }
 
 }  // namespace
@@ -157,7 +157,8 @@ ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size)
   struct stat status {};
   if (::fstat(file.fd(), &status) != 0)
     throw fail(fmt::format("cannot read token shard: {}", std::strerror(errno)));
-  opened_ = {status.st_dev, status.st_ino, status.st_size, modified_ns(status)};
+  opened_ = {status.st_dev, status.st_ino, status.st_size, nanoseconds(status.st_mtim),
+             nanoseconds(status.st_ctim)};
   const uint64_t file_bytes = file.size();
   if (file_bytes < static_cast<uint64_t>(kShardHeaderBytes)) {
     throw fail(fmt::format("{} bytes is shorter than the {}-byte shard header", file_bytes,
@@ -171,7 +172,11 @@ ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size)
 
   try {
     int32_t header[3];
-    std::memcpy(header, mapping_, sizeof(header));
+    {
+      const MappingReadGuard guard(mapping_, sizeof(header));
+      std::memcpy(header, mapping_, sizeof(header));
+      if (guard.faulted()) fail_changed(change_since_opened());
+    }
     if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) {
       token_bytes_ = 2;
     } else if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) {
@@ -247,7 +252,10 @@ std::string ShardReader::change_since_opened() const {
     return fmt::format("it was {} bytes and is now {} ({})", opened_.bytes, status.st_size,
                        status.st_size < opened_.bytes ? "truncated" : "it grew");
   }
-  if (modified_ns(status) != opened_.modified_ns) return "it was written to";
+  // The change time too: a write whose modification time was put back (touch -r) still sets it.
+  if (nanoseconds(status.st_mtim) != opened_.modified_ns ||
+      nanoseconds(status.st_ctim) != opened_.changed_ns)
+    return "it was written to";
   return "";
 }
 
@@ -269,8 +277,9 @@ void ShardReader::read(int64_t start, std::span<int64_t> out) const {
     widen<uint32_t>(bytes, out);
   }
   if (guard.faulted()) fail_changed(change_since_opened());
-  // Opening checked every id; one that is out of range now was written since, in a way that kept
-  // the file's size and time.
+  // Opening checked every id; one that is out of range now was written since, where the file's
+  // times did not tell (a network filesystem's cached attributes): an id past the embedding would
+  // end a CUDA run with a device-side assert instead of this line.
   if (!out.empty() && *std::max_element(out.begin(), out.end()) >= vocab_size_) fail_changed("");
 }
 

@@ -105,6 +105,7 @@ class ShardReader {
     ino_t inode;
     int64_t bytes;
     int64_t modified_ns;
+    int64_t changed_ns;  // of the inode, which no user can set back
   };
 
   void check_token_ids() const;

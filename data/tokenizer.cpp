@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string_view>
 #include <unordered_map>
 
 #include "common/atomic_file.h"
@@ -18,18 +19,25 @@ namespace {
 // SentencePiece models are a few MB even for vocabularies of a million pieces.
 constexpr uint64_t kMaxModelBytes = uint64_t{1} << 30;
 
-// SentencePiece's trainer passes over a sentence longer than its max_sentence_length. A corpus of
-// long unbroken lines (a book as one line, a minified file) would leave it nothing to learn from.
-constexpr size_t kMaxLineBytes = 65536;
+// SentencePiece's trainer passes over a sentence longer than its max_sentence_length, so a corpus
+// of long unbroken lines (a book as one line) would leave it nothing to learn from; and its BPE
+// trainer (0.1.97) crashes on a run of some 45 KB without a space. Lines are fed in pieces of at
+// most this much, SentencePiece's own default limit.
+constexpr size_t kMaxLineBytes = 4096;
 
-// Where to cut a line of `text` from `begin` that runs past kMaxLineBytes: after the last space of
-// the piece's second half, else at the last character boundary, so that no UTF-8 character is cut.
+// The end of the piece of a line of `text` from `begin` that runs past kMaxLineBytes: after the
+// last space of the piece's second half, else before the UTF-8 character that straddles the limit
+// (a character has at most 3 continuation bytes; text that is not UTF-8 is cut at the limit).
 size_t cut_point(const std::string& text, size_t begin) {
-  size_t end = begin + kMaxLineBytes;
-  for (size_t after = end; after > begin + kMaxLineBytes / 2; --after)
+  const size_t limit = begin + kMaxLineBytes;
+  for (size_t after = limit; after > begin + kMaxLineBytes / 2; --after)
     if (text[after - 1] == ' ') return after;
-  while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return end;
+  const auto continuation = [&](size_t at) {
+    return (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80;
+  };
+  for (size_t end = limit; end > limit - 4; --end)
+    if (!continuation(end)) return end;
+  return limit;
 }
 
 // Feeds the trainer one line of the documents at a time, a long one in pieces: SentencePiece
@@ -53,7 +61,12 @@ class LineIterator : public sentencepiece::SentenceIterator {
         offset_ = 0;
         continue;
       }
-      const size_t line_end = std::min(text.find('\n', offset_), text.size());
+      // The newline is looked for within the piece only: a long line is not scanned again for
+      // each of its pieces.
+      const size_t window = std::min(text.size() - offset_, kMaxLineBytes + 1);
+      const size_t newline = std::string_view(text).substr(offset_, window).find('\n');
+      const size_t line_end =
+          newline == std::string_view::npos ? offset_ + window : offset_ + newline;
       const bool too_long = line_end - offset_ > kMaxLineBytes;
       const size_t end = too_long ? cut_point(text, offset_) : line_end;
       line_ = text.substr(offset_, end - offset_);

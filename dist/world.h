@@ -2,6 +2,10 @@
 
 namespace mltrain {
 
+// The most ranks a run, a dry run's plan or a checkpoint's state may name: a number past it is a
+// slip, not a cluster.
+inline constexpr int kMostRanks = 1 << 20;
+
 // This process's place among the ranks of a run. A run started by an MPI launcher (mpirun, srun)
 // has one rank per process; a plain `mltrain` is a world of one and needs no MPI at all.
 struct World {

@@ -8,33 +8,38 @@
 # Ctrl-C (or SIGTERM or SIGHUP to this script) stops the run with a checkpoint: the script sends
 # SIGUSR1 to mpirun, which forwards it to every rank, and the ranks finish their step, checkpoint
 # and exit 0. mpirun's own answer to Ctrl-C would kill them too soon to save: Open MPI 4 sends
-# SIGTERM, then SIGKILL odls_base_sigkill_timeout (1 s) later, and Open MPI 5 a quarter second
-# later. A second Ctrl-C stops the ranks at once, without a checkpoint.
+# SIGTERM, then SIGKILL, each odls_base_sigkill_timeout (1 s) apart, and Open MPI 5 a quarter second
+# apart. A second Ctrl-C stops the ranks at once, without a checkpoint.
 set -euo pipefail
 ranks=${1:?usage: launch/local_ranks.sh RANKS CONFIG.yaml [mltrain options]}
 shift
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mltrain=${MLTRAIN_BIN:-$repo/build/bin/mltrain}  # another build's, for its tests
 
-# mpirun runs in a process group of its own (job control), so that a Ctrl-C at the terminal
-# reaches this script alone; then it may not read the terminal, and mltrain reads no input.
-set -m
-MLTRAIN_LAUNCHER=local_ranks.sh mpirun --oversubscribe -n "$ranks" --bind-to none --stdin none \
-  -x MLTRAIN_LAUNCHER "$mltrain" "$@" &
-mpirun_pid=$!
-
+# The script goes on when what reads its output goes away (`... | tee log`, and Ctrl-C): its
+# ranks still have a checkpoint to save.
+trap '' PIPE
+mpirun_pid=""
 stopping=0
+# The signal first, then the word: a terminal that hung up, or a tee that is gone, may refuse it.
 stop_ranks() {
+  [[ -n $mpirun_pid ]] || exit 130  # nothing started yet
   if ((stopping)); then
-    echo "local_ranks.sh: stopping the ranks at once, without a checkpoint" >&2
     kill -TERM "$mpirun_pid" 2>/dev/null || true
+    echo "local_ranks.sh: stopping the ranks at once, without a checkpoint" >&2 || true
     return
   fi
   stopping=1
-  echo "local_ranks.sh: the ranks checkpoint after this step and stop (interrupt again to stop them at once)" >&2
   kill -USR1 "$mpirun_pid" 2>/dev/null || true
+  echo "local_ranks.sh: the ranks checkpoint after this step and stop (interrupt again to stop them at once)" >&2 || true
 }
 trap stop_ranks INT TERM HUP
+
+# mpirun runs in a process group of its own (job control), so that a Ctrl-C at the terminal
+# reaches this script alone; then it may not read the terminal, and mltrain reads no input.
+set -m
+mpirun --oversubscribe -n "$ranks" --bind-to none --stdin none "$mltrain" "$@" &
+mpirun_pid=$!
 
 # A trapped signal ends `wait` early: wait again until mpirun has exited, and exit as it did.
 while true; do

@@ -282,6 +282,7 @@ int main(int argc, char** argv) {
           config_file.string()));
     }
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);
+    mltrain::check_weights_can_fill(config.model, config_file.string(), weights);
     mltrain::Llama model(config.model);
     mltrain::load_model_weights(model, weights);
     model->to(device);

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/type_name.h"
 
 namespace mltrain {
@@ -28,8 +29,8 @@ T value_or(const Json& json, const char* key, T fallback, const std::string& sou
   const auto found = json.find(key);
   if (found == json.end() || found->is_null()) return fallback;
   if (!holds<T>(*found)) {
-    throw UserError(
-        fmt::format("{}: \"{}\" must be {}, got {}", source, key, type_name<T>(), found->dump()));
+    throw UserError(fmt::format("{}: \"{}\" must be {}, got {}", source, key, type_name<T>(),
+                                json_value_text(*found)));
   }
   return found->get<T>();
 }
@@ -45,7 +46,7 @@ std::optional<int64_t> token_id(const Json& json, const char* key, int64_t fallb
     return found->front().get<int64_t>();
   if (found->is_number_integer()) return found->get<int64_t>();
   throw UserError(fmt::format("{}: \"{}\" must be a token id or a list of them, got {}", source,
-                              key, found->dump()));
+                              key, json_value_text(*found)));
 }
 
 // The RoPE base. Older versions keep it at the top level and scaling in "rope_scaling";
@@ -56,8 +57,8 @@ double rope_theta(const Json& json, const std::string& source) {
     const auto rope = json.find(key);
     if (rope == json.end() || rope->is_null()) continue;
     if (!rope->is_object()) {
-      throw UserError(
-          fmt::format("{}: \"{}\" must be a JSON object, got {}", source, key, rope->dump()));
+      throw UserError(fmt::format("{}: \"{}\" must be a JSON object, got {}", source, key,
+                                  json_value_text(*rope)));
     }
     const std::string type = value_or<std::string>(
         *rope, "rope_type", value_or<std::string>(*rope, "type", "default", source), source);

@@ -105,4 +105,17 @@ void load_model_weights(Llama& model, const std::filesystem::path& path) {
   load_hf_state_dict(model, load_safetensors(path), path.string());
 }
 
+void check_weights_can_fill(const ModelConfig& config, const std::string& config_source,
+                            const std::filesystem::path& path) {
+  std::error_code error;
+  const auto bytes = std::filesystem::file_size(path, error);
+  if (error) return;  // reading the weights names what is wrong with them
+  const double least = 2.0 * static_cast<double>(config.parameters());
+  if (static_cast<double>(bytes) >= least) return;
+  throw UserError(fmt::format(
+      "{}: a model of {} parameters, and {} holds {} bytes, fewer than they take even in bf16: "
+      "the weights are not of that model",
+      config_source, config.parameters(), path.string(), bytes));
+}
+
 }  // namespace mltrain

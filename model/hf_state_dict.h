@@ -31,4 +31,11 @@ void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::st
 void save_model_weights(const Llama& model, const std::filesystem::path& path);
 void load_model_weights(Llama& model, const std::filesystem::path& path);
 
+// Before a model of `config` is built to take the weights of `path`: a file too small to hold its
+// parameters (2 bytes each, in bf16, at the least) cannot be its weights, and the model, built
+// from a config that says otherwise, could take more memory than the machine has. A UserError
+// naming both. `config_source` names where the config came from.
+void check_weights_can_fill(const ModelConfig& config, const std::string& config_source,
+                            const std::filesystem::path& path);
+
 }  // namespace mltrain

@@ -14,6 +14,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/json_text.h"
 
 namespace mltrain {
 namespace {
@@ -56,7 +57,7 @@ struct TensorEntry {
   uint64_t end;
 };
 
-// The entry's non-negative integers under `key`: a list, or (as data_offsets) exactly `count`.
+// The list of non-negative integers under `key` of a tensor's entry.
 std::vector<uint64_t> unsigned_list(const nlohmann::json& entry, const char* key) {
   const auto found = entry.find(key);
   if (found == entry.end() || !found->is_array())
@@ -66,7 +67,7 @@ std::vector<uint64_t> unsigned_list(const nlohmann::json& entry, const char* key
     // Non-negative integers are the only ones JSON parsing stores unsigned.
     if (!value.is_number_unsigned()) {
       throw std::invalid_argument(
-          fmt::format("\"{}\" holds {}, not a non-negative integer", key, value.dump()));
+          fmt::format("\"{}\" holds {}, not a non-negative integer", key, json_value_text(value)));
     }
     values.push_back(value.get<uint64_t>());
   }

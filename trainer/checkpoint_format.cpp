@@ -7,7 +7,8 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <string_view>
 #include <vector>
 
 #include "common/atomic_file.h"
@@ -71,6 +72,19 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
 }
 
 }  // namespace
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  const std::string_view prefix = "step_";
+  const std::string_view digits =
+      std::string_view(name).substr(std::min(name.size(), prefix.size()));
+  // int64 holds 18 digits whatever they are.
+  if (!name.starts_with(prefix) || digits.size() < 8 || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(std::string(digits));
+}
 
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
                       const OptimizerState& optimizer_state, const TrainingProgress& progress,

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "model/llama.h"
 #include "trainer/adamw.h"
@@ -10,6 +12,11 @@
 #include "trainer/config.h"
 
 namespace mltrain {
+
+// A checkpoint directory's name, step_00001000: the step in at least 8 digits.
+std::string checkpoint_name(int64_t step);
+// The step of a checkpoint directory's name; none for another name.
+std::optional<int64_t> checkpoint_step(const std::string& name);
 
 // One checkpoint directory: model.safetensors (Hugging Face names), optimizer.safetensors (AdamW
 // moments and step counts), config.yaml (the effective config) and state.json (progress, RNG

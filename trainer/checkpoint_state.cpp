@@ -4,12 +4,15 @@
 #include <fmt/format.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/json_text.h"
+#include "dist/world.h"
+#include "trainer/checkpoint_format.h"
 
 namespace mltrain {
 namespace {
@@ -21,10 +24,6 @@ constexpr int kStateFormat = 1;
 // Counts are kept to the integers that every JSON reader holds exactly; a step a millisecond for
 // 285,000 years stays below.
 constexpr int64_t kMostCount = int64_t{1} << 53;
-// As the dry run's --ranks.
-constexpr int64_t kMostRanks = int64_t{1} << 20;
-
-const std::regex kCheckpointName(R"(step_(\d{8,18}))");
 
 std::string hex(const std::vector<uint8_t>& bytes) {
   std::string text;
@@ -54,7 +53,8 @@ class StateReader {
                           value.get<int64_t>() <= max &&
                           !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(max));
     if (!in_range)
-      fail(key, fmt::format("must be an integer from {} to {}, got {}", min, max, value.dump()));
+      fail(key, fmt::format("must be an integer from {} to {}, got {}", min, max,
+                            json_value_text(value)));
     return value.get<int64_t>();
   }
 
@@ -64,18 +64,23 @@ class StateReader {
     if (nullable && value.is_null()) return std::numeric_limits<double>::infinity();
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0)
       fail(key, fmt::format("must be a number of at least 0{}, got {}", nullable ? " or null" : "",
-                            value.dump()));
+                            json_value_text(value)));
     return value.get<double>();
   }
 
-  // A string of hexadecimal digits, two to a byte.
-  std::vector<uint8_t> hex_bytes(const Json& value, const std::string& key) const {
-    static const std::regex kHex("([0-9a-f]{2})*");
-    if (!value.is_string() || !std::regex_match(value.get_ref<const std::string&>(), kHex))
-      fail(key, "must be a string of lowercase hexadecimal digits, two to a byte");
+  // A string of lowercase hexadecimal digits, two to a byte, of `size` bytes. Checked with a loop:
+  // a regular expression would recurse once a digit pair in libstdc++, and a long string would
+  // overflow the stack.
+  std::vector<uint8_t> hex_bytes(const Json& value, const std::string& key, size_t size) const {
+    const auto digit = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+    if (!value.is_string() || !std::all_of(value.get_ref<const std::string&>().begin(),
+                                           value.get_ref<const std::string&>().end(), digit))
+      fail(key, "must be a string of lowercase hexadecimal digits");
     const std::string& text = value.get_ref<const std::string&>();
-    std::vector<uint8_t> bytes(text.size() / 2);
-    for (size_t i = 0; i < bytes.size(); ++i)
+    if (text.size() != 2 * size)
+      fail(key, fmt::format("holds {} digits where {} bytes take {}", text.size(), size, 2 * size));
+    std::vector<uint8_t> bytes(size);
+    for (size_t i = 0; i < size; ++i)
       bytes[i] = static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
     return bytes;
   }
@@ -100,13 +105,11 @@ std::map<std::string, std::string> read_checksums(const StateReader& state) {
   const std::string key = "checksums_xxh3";
   const Json& json = state.at(key);
   if (!json.is_object()) state.fail(key, "must be an object of file names and checksums");
-  static const std::regex kChecksum("[0-9a-f]{16}");
   std::map<std::string, std::string> checksums;
   for (const std::string& name : checkpoint_files()) {
     const auto found = json.find(name);
     if (found == json.end()) state.fail(key, fmt::format("has no checksum for {}", name));
-    if (!found->is_string() || !std::regex_match(found->get_ref<const std::string&>(), kChecksum))
-      state.fail(key + "." + name, "must be 16 lowercase hexadecimal digits");
+    state.hex_bytes(*found, key + "." + name, 8);  // XXH3's 64 bits
     checksums[name] = found->get<std::string>();
   }
   // The names are the checkpoint's own files: a listed path could send the check elsewhere.
@@ -154,10 +157,8 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {
 
   CheckpointState state;
   state.progress = read_progress(reader);
-  std::smatch name;
   const std::string directory = checkpoint.filename().string();
-  if (std::regex_match(directory, name, kCheckpointName) &&
-      std::stoll(name[1]) != state.progress.step) {
+  if (const auto named = checkpoint_step(directory); named && *named != state.progress.step) {
     reader.fail("step", fmt::format("is {}, but the checkpoint directory is {}",
                                     state.progress.step, directory));
   }
@@ -166,13 +167,10 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {
   const Json& rng = reader.at("rng");
   if (!rng.is_object() || !rng.contains("cpu"))
     reader.fail("rng", "must be an object with \"cpu\"");
-  state.cpu_rng = reader.hex_bytes(rng["cpu"], "rng.cpu");
-  const auto expected =
-      static_cast<size_t>(at::detail::getDefaultCPUGenerator().get_state().numel());
-  if (state.cpu_rng.size() != expected) {
-    reader.fail("rng.cpu", fmt::format("holds {} bytes; this LibTorch's CPU generator state has {}",
-                                       state.cpu_rng.size(), expected));
-  }
+  // As many bytes as this LibTorch's CPU generator keeps.
+  state.cpu_rng = reader.hex_bytes(
+      rng["cpu"], "rng.cpu",
+      static_cast<size_t>(at::detail::getDefaultCPUGenerator().get_state().numel()));
   state.checksums = read_checksums(reader);
   return state;
 }

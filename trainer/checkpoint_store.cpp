@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <regex>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -14,12 +13,8 @@
 namespace mltrain {
 namespace {
 
-const std::regex kCheckpointName(R"(step_(\d{8}))");
-
 // `latest` holds one checkpoint's name; anything much longer is not one.
 constexpr uint64_t kLatestBytes = 4096;
-
-std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
 }  // namespace
 
@@ -43,8 +38,22 @@ bool CheckpointStore::exists() const {
   return true;
 }
 
-void CheckpointStore::remove_stale_temporaries() const {
+void CheckpointStore::prepare_for_saving() const {
   if (!exists()) return;
+  // What would fail only at the first save, after the steps before it were trained.
+  const std::filesystem::path marker = directory_ / "latest";
+  std::error_code error;
+  const auto marker_status = std::filesystem::status(marker, error);
+  if (std::filesystem::exists(marker_status) && !std::filesystem::is_regular_file(marker_status)) {
+    throw UserError(
+        fmt::format("{}: not a regular file, where the run names its newest checkpoint; "
+                    "move it away",
+                    marker.string()));
+  }
+  if (const auto reason = unwritable_reason(directory_)) {
+    throw UserError(fmt::format("{}: cannot write there ({}), where the run saves its checkpoints",
+                                directory_.string(), *reason));
+  }
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
     if (entry.path().extension() == ".tmp") {
       spdlog::warn("removing {}, left by an interrupted checkpoint save", entry.path().string());
@@ -86,10 +95,8 @@ std::vector<int64_t> CheckpointStore::saved_steps() const {
   std::vector<int64_t> steps;
   if (!exists()) return steps;
   for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
-    std::smatch match;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, match, kCheckpointName))
-      steps.push_back(std::stoll(match[1]));
+    const auto step = checkpoint_step(entry.path().filename().string());
+    if (step && entry.is_directory()) steps.push_back(*step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -112,7 +119,7 @@ std::optional<std::filesystem::path> CheckpointStore::latest() const {
   // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
   std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
   if (!name.empty() && name.back() == '\n') name.pop_back();
-  if (!std::regex_match(name, kCheckpointName)) {
+  if (!checkpoint_step(name)) {
     throw UserError(fmt::format(
         "{}: does not name a checkpoint (it should hold one line, such as step_00001000): resume "
         "from a checkpoint directory with --resume PATH",
@@ -165,7 +172,7 @@ std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resum
   try {
     return load_checkpoint(*newest, model, optimizer, config);
   } catch (const UserError& error) {
-    const int64_t newest_step = std::stoll(newest->filename().string().substr(5));
+    const int64_t newest_step = *checkpoint_step(newest->filename().string());
     const auto intact = newest_intact_before(newest_step);
     if (!intact) throw;
     throw UserError(

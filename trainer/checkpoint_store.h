@@ -19,8 +19,10 @@ class CheckpointStore {
  public:
   explicit CheckpointStore(const std::filesystem::path& run_dir);
 
-  // Removes the .tmp directories of saves that a crash interrupted.
-  void remove_stale_temporaries() const;
+  // Before a run trains: checks what would otherwise fail only at its first save (a `latest` that
+  // is not a file, a directory that cannot be written), each a UserError, and removes the .tmp
+  // directories of saves that a crash interrupted.
+  void prepare_for_saving() const;
 
   // Saves, points `latest` at the new checkpoint, then keeps the newest keep_last checkpoints up
   // to it plus every multiple of keep_every (0: none); checkpoints of later steps, left by a run

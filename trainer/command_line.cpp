@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/number_arguments.h"
+#include "dist/world.h"
 
 namespace mltrain {
 namespace {
@@ -17,8 +18,7 @@ Started by mpirun or srun, every process is one rank of a data-parallel run:
   mpirun -n 8 mltrain configs/base.yaml
 )";
 
-// The largest machines a dry run plans for: beyond these, a number is a slip.
-constexpr int64_t kMostRanks = 1 << 20;
+// The most memory a dry run plans for: beyond it, a number is a slip.
 constexpr double kMostDeviceMemoryGb = 1e6;
 
 const char* const kFooter =

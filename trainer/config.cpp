@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -370,14 +371,14 @@ std::string key_name(const YAML::Node& key, const std::filesystem::path& file) {
 std::vector<std::pair<std::string, YAML::const_iterator>> unique_entries(
     const YAML::Node& mapping, const std::filesystem::path& file, const std::string& section) {
   std::vector<std::pair<std::string, YAML::const_iterator>> entries;
+  std::unordered_map<std::string, int> lines;  // of the names seen
   for (auto entry = mapping.begin(); entry != mapping.end(); ++entry) {
     const std::string name = key_name(entry->first, file);
-    for (const auto& [seen, earlier] : entries) {
-      if (seen != name) continue;
-      throw UserError(fmt::format("{}: {} is given twice, here and at line {}: keep one",
-                                  file_origin(file, entry->first),
-                                  section.empty() ? "section " + name : section + "." + name,
-                                  earlier->first.Mark().line + 1));
+    const auto [seen, first] = lines.emplace(name, entry->first.Mark().line + 1);
+    if (!first) {
+      throw UserError(fmt::format(
+          "{}: {} is given twice, here and at line {}: keep one", file_origin(file, entry->first),
+          section.empty() ? "section " + name : section + "." + name, seen->second));
     }
     entries.emplace_back(name, entry);
   }

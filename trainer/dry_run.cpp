@@ -43,28 +43,38 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
   const PrecisionChoice precision = precision_on_this_machine(config.train.precision, device);
   log_precision(precision);
   const int ranks_on_node = target.ranks > 0 ? ranks : world.local_size;
-  report(plan_memory(config, {.ranks = ranks,
-                              .cuda = device.is_cuda(),
-                              .bf16 = precision.bf16,
-                              .device_memory =
-                                  static_cast<double>(memory_per_rank(device, ranks_on_node))}),
-         config);
+  const MemoryPlan plan = plan_memory(
+      config, {.ranks = ranks,
+               .cuda = device.is_cuda(),
+               .bf16 = precision.bf16,
+               .device_memory = static_cast<double>(memory_per_rank(device, ranks_on_node))});
+  report(plan, config);
 
-  Llama model(config.model);
-  model->to(device);
-  spdlog::info("parameters:\n{}", parameter_table(model));
+  // The model is built to show its parameters, where its weights alone fit this machine.
+  const double model_bytes = plan.runtime + plan.weights;
+  const bool built = !plan.target.device_memory || model_bytes <= *plan.target.device_memory;
+  if (built) {
+    Llama model(config.model);
+    model->to(device);
+    spdlog::info("parameters:\n{}", parameter_table(model));
+  } else {
+    spdlog::warn("the model is not built: its weights alone take {:.2f} GB of the {:.2f} GB here",
+                 model_bytes / 1e9, *plan.target.device_memory / 1e9);
+  }
 
   const int64_t seq_len = config.data.seq_len;
-  const double flops = training_flops_per_token(config.model, model->num_parameters(), seq_len);
+  const int64_t parameters = config.model.parameters();
+  const double flops = training_flops_per_token(config.model, parameters, seq_len);
   spdlog::info(
       "training FLOPs per token: {:.2f} MFLOP = 6 N + 12 n_layers n_q_heads head_dim "
       "seq_len (N = {}, seq_len = {})",
-      flops / 1e6, model->num_parameters(), seq_len);
+      flops / 1e6, parameters, seq_len);
   const int64_t tokens = config.data.micro_batch * config.data.grad_accum * seq_len;
   spdlog::info(
       "tokens per optimizer step and rank: {} = micro_batch {} x grad_accum {} x seq_len {}",
       tokens, config.data.micro_batch, config.data.grad_accum, seq_len);
-  spdlog::info("dry run: the config is valid and the model builds; nothing was trained");
+  spdlog::info("dry run: the config is valid{}; nothing was trained",
+               built ? " and the model builds" : "");
 }
 
 }  // namespace mltrain

@@ -51,6 +51,12 @@ Evaluation evaluate_weights(const Config& config, const std::filesystem::path& w
   const c10::Device device = resolve_device(config.train.device);
   const bool bf16 = use_bf16_autocast(config.train.precision, device);
   const TokenWindows val_windows = open_windows(config.data.val, config, "val");
+  // The weights are held against the config before a model of it is built.
+  if (hf_directory) {
+    check_hf_model_config(config.model, file);
+  } else {
+    check_weights_can_fill(config.model, "the config's model.* keys", file);
+  }
   Llama model(config.model);
   if (hf_directory) {
     load_hf_model(model, file);

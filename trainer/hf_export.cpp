@@ -84,6 +84,7 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
   const std::filesystem::path file = find_weights(weights);
   check_checkpoint_model(file, config);
   check_tokenizer(config);
+  check_weights_can_fill(config.model, "the config's model.* keys", file);
   Llama model(config.model);
   load_model_weights(model, file);
 

@@ -170,7 +170,7 @@ std::string describe(const MemoryPlan& plan) {
       "memory plan per rank ({} parameters, {} rank{} on {}, {}):\n", plan.parameters,
       plan.target.ranks, plan.target.ranks == 1 ? "" : "s", plan.target.cuda ? "CUDA" : "the CPU",
       plan.target.bf16 ? "bf16 autocast" : "fp32");
-  const auto line = [&](const char* part, int64_t bytes, const std::string& note) {
+  const auto line = [&](const char* part, double bytes, const std::string& note) {
     std::string row = fmt::format("  {:<34} {:>10}   {}", part, gb(bytes), note);
     row.erase(row.find_last_not_of(' ') + 1);
     text += row + "\n";

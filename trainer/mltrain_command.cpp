@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <csignal>
+
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
@@ -17,6 +19,9 @@
 namespace mltrain {
 
 int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
+  // A log read through a pipe (`mltrain ... | tee log`) must not end the run when its reader goes:
+  // Ctrl-C takes tee down first, and the run still has a checkpoint to save.
+  std::signal(SIGPIPE, SIG_IGN);
   const World world = init_world(&argc, &argv);
   setup_logging(world.rank);
   const int code = guarded_main([&] {

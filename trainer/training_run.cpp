@@ -9,12 +9,13 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "common/atomic_file.h"
+#include "common/directory_lock.h"
 #include "common/error.h"
+#include "common/input_file.h"
 #include "data/loader.h"
 #include "dist/grad_reducer.h"
 #include "model/hf_checkpoint.h"
@@ -30,7 +31,6 @@
 #include "trainer/metrics_log.h"
 #include "trainer/precision.h"
 #include "trainer/run_data.h"
-#include "trainer/run_directory_lock.h"
 #include "trainer/run_schedule.h"
 #include "trainer/sharded_adamw.h"
 #include "trainer/stop_signal.h"
@@ -85,6 +85,19 @@ struct StepValues {
   double seconds_per_step;
 };
 
+// Whether this process's parent is an mpirun (Open MPI's, or another's by its name): the process
+// that stops every rank at once. Under srun, or on a node of its own, the parent is another.
+bool launched_by_mpirun() {
+  std::string parent;
+  try {
+    parent = read_text_file(fmt::format("/proc/{}/comm", ::getppid()), "kernel file");
+  } catch (const std::exception&) {
+    return false;
+  }
+  parent = parent.substr(0, parent.find('\n'));
+  return parent == "mpirun" || parent == "mpiexec" || parent == "orterun" || parent == "prterun";
+}
+
 // model.init_from: a fresh run's weights come from a Hugging Face directory whose config.json
 // matches the model.
 void check_init_from(const std::string& directory, const ModelConfig& model) {
@@ -129,7 +142,7 @@ class TrainingRun {
   const TrainingHooks& hooks_;
   const bool leader_;  // rank 0 writes the run directory
   // Rank 0's, taken first: a second run on the directory stops before anything is done.
-  const std::unique_ptr<RunDirectoryLock> run_dir_lock_;
+  const std::unique_ptr<DirectoryLock> run_dir_lock_;
   const c10::Device device_;
   const PrecisionChoice precision_;
   const BatchLayout layout_;
@@ -155,7 +168,6 @@ class TrainingRun {
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
-  bool stop_announced_ = false;
 };
 
 TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
@@ -164,7 +176,13 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       world_(world),
       hooks_(hooks),
       leader_(world.rank == 0),
-      run_dir_lock_(leader_ ? std::make_unique<RunDirectoryLock>(config.train.run_dir) : nullptr),
+      run_dir_lock_(leader_
+                        ? std::make_unique<DirectoryLock>(
+                              config.train.run_dir, DirectoryLock::Names{.lock_file = "run.lock",
+                                                                         .owner = "training run",
+                                                                         .setting = "train.run_dir",
+                                                                         .keep_lock_file = true})
+                        : nullptr),
       device_(rank_device(config.train.device, world)),
       precision_(precision_on_this_machine(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
@@ -195,7 +213,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   }
   // A run that is surely fresh checks where its weights come from before it makes anything.
   if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
-  if (leader_) checkpoints_.remove_stale_temporaries();  // no other run owns them: the lock
+  if (leader_) checkpoints_.prepare_for_saving();  // its temporaries no other run owns: the lock
   at::manual_seed(config.data.seed);
   model_ = Llama(config.model);
   model_->to(device_);
@@ -285,8 +303,7 @@ void TrainingRun::announce() {
           static_cast<double>(train_windows_.num_windows()));
   // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
   // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr &&
-      std::getenv("MLTRAIN_LAUNCHER") == nullptr) {
+  if (launched_by_mpirun()) {
     spdlog::info(
         "to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 {}): it forwards it to "
         "every rank, where Ctrl-C on mpirun kills them before they can save "
@@ -524,13 +541,7 @@ std::filesystem::path TrainingRun::save_checkpoint() {
 // signal stops the run one step after it arrives.
 bool TrainingRun::any_rank_asked_to_stop() {
   const bool stop = stop_vote_ != nullptr && stop_vote_->wait() > 0;
-  const int signal = stop_requested();
-  if (signal != 0 && !stop_announced_) {
-    spdlog::info("{}: the run stops after step {}, with a checkpoint", strsignal(signal),
-                 progress_.step + (stop ? 0 : 1));
-    stop_announced_ = true;
-  }
-  stop_vote_ = communicator_->start_all_reduce_sum(signal != 0 ? 1.0 : 0.0);
+  stop_vote_ = communicator_->start_all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0);
   return stop;
 }
 

@@ -2,9 +2,13 @@
 #include "common/input_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
@@ -40,6 +44,14 @@ TEST(InputFile, RefusesWhatIsNoFileToReadAndSaysWhatItIs) {
   EXPECT_CONTAINS(open_error(dir / "absent"), "absent: cannot open the config file: no such file");
   testing::write_text(dir / "file", "text");
   EXPECT_EQ(open_error(dir / "file"), "");
+  // A socket cannot be opened at all: it is named for what it is all the same.
+  const int listening = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, (dir / "socket").c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(::bind(listening, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_CONTAINS(open_error(dir / "socket"), "socket: the config file is a socket");
+  ::close(listening);
   // Through a link, what it points to counts.
   std::filesystem::create_symlink(dir / "pipe", dir / "link");
   EXPECT_CONTAINS(open_error(dir / "link"), "a named pipe (FIFO)");

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/directory_lock.h"
 #include "common/error.h"
 #include "data/shard.h"
 #include "data/token_windows.h"
@@ -302,6 +303,22 @@ TEST(CorpusPrep, ADirectoryInTheWayStopsTheOverwriteBeforeAnythingMoves) {
   expect_no_staging_left(dir / "out");
 }
 
+// Two runs into one directory: the second is refused, naming the first, and changes nothing.
+TEST(CorpusPrep, ADirectoryAnotherMlprepWritesIsRefused) {
+  TemporaryDirectory dir;
+  const DirectoryLock held(dir / "out", {.lock_file = ".mlprep.lock",
+                                         .owner = "mlprep",
+                                         .setting = "--out",
+                                         .keep_lock_file = false});
+  try {
+    prepare_corpus(fortune_options(dir / "out", 2));
+    FAIL() << "two runs wrote one directory";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "out is in use by another mlprep (pid ");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
+}
+
 // A run that fails leaves no directory of its making: a second one needs no --overwrite.
 TEST(CorpusPrep, AFailedFirstRunLeavesNothingBehind) {
   TemporaryDirectory dir;
@@ -328,7 +345,8 @@ TEST(CorpusPrep, AFailedFirstRunLeavesNothingBehind) {
 }
 
 // SentencePiece passes over lines longer than its limit: documents that are one long line each (a
-// book on one line) would leave it nothing to learn from. They are cut into pieces it takes.
+// book on one line) would leave it nothing to learn from; and its BPE trainer crashes on a long
+// run without a space. They are cut into pieces it takes, quickly whatever the bytes.
 TEST(CorpusPrep, DocumentsOfLongUnbrokenLinesTrainATokenizer) {
   TemporaryDirectory dir;
   std::string line;
@@ -336,14 +354,18 @@ TEST(CorpusPrep, DocumentsOfLongUnbrokenLinesTrainATokenizer) {
     std::replace(document.begin(), document.end(), '\n', ' ');
     line += document + " ";
   }
-  ASSERT_GT(line.size(), 4 * 65536u);
-  testing::write_text(dir / "two.txt", line + "\n\n" + line + "\n");
+  ASSERT_GT(line.size(), 200'000u);
+  std::string letters(200'000, 'a');
+  for (size_t i = 0; i < letters.size(); ++i) letters[i] = static_cast<char>('a' + i * 7919 % 10);
+  const std::string not_utf8(200'000, '\x80');
+  testing::write_text(dir / "two.txt",
+                      line + "\n\n" + letters + "\n\n" + not_utf8 + "\n\n" + line + "\n");
   CorpusPrepOptions options = fortune_options(dir / "out", 2);
   options.inputs = {dir / "two.txt"};
   options.reader.format = DocumentFormat::kText;
   options.val_fraction = 0.5;
   const CorpusPrepReport report = prepare_corpus(options);
-  EXPECT_EQ(report.train_documents + report.val_documents, 2);
+  EXPECT_EQ(report.train_documents + report.val_documents, 4);
   const Tokenizer tokenizer(dir / "out" / "tokenizer.model");
   EXPECT_EQ(tokenizer.vocab_size(), 1500);
   // Trained on the text: common words are single pieces, not bytes.

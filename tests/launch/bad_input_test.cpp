@@ -96,9 +96,18 @@ TEST(BadInput, ARunDirectoryHoldingOtherThingsWhereItWritesIsNamed) {
                     (dir / "run" / "checkpoints").string() +
                         ": not a directory, where the run keeps its checkpoints");
   std::filesystem::remove(dir / "run" / "checkpoints");
+  // Found before the first step, not at the first save after it.
+  std::filesystem::create_directories(dir / "run" / "checkpoints" / "latest");
+  const CommandResult latest = run("mltrain", config + " --resume auto");
+  expect_user_error(latest, (dir / "run" / "checkpoints" / "latest").string());
+  EXPECT_EQ(latest.output.find("step 1/"), std::string::npos) << latest.output;
+  std::filesystem::remove(dir / "run" / "checkpoints" / "latest");
   ASSERT_EQ(::mkfifo((dir / "run" / "metrics.jsonl").c_str(), 0644), 0);
   expect_user_error(run("mltrain", config),
                     (dir / "run" / "metrics.jsonl").string() + ": not a regular file");
+  std::filesystem::remove(dir / "run" / "metrics.jsonl");
+  std::filesystem::create_directory(dir / "run" / "metrics.jsonl");
+  expect_user_error(run("mltrain", config), "Is a directory");
   testing::write_text(dir / "file", "");
   const std::string file_run_dir =
       tiny_config(dir, [&](Config& config) { config.train.run_dir = (dir / "file").string(); });
@@ -106,15 +115,17 @@ TEST(BadInput, ARunDirectoryHoldingOtherThingsWhereItWritesIsNamed) {
 }
 
 // A safetensors shape whose element count overflows 64 bits once passed the size check, and
-// LibTorch then threw with a stack trace; through --eval-only and through model.init_from.
+// LibTorch then threw with a stack trace; through --eval-only and through model.init_from. Here
+// [2^60 + 2560, 4] of F32 "needs" 40960 bytes modulo 2^64, which the file holds: enough for the
+// tiny model's parameters, so that the file is read.
 TEST(BadInput, ASafetensorsShapeThatOverflowsIsOneLine) {
   TemporaryDirectory dir;
   const std::string header =
-      R"({"model.embed_tokens.weight": {"dtype": "F32", "shape": [4611686018427387936, 4], )"
-      R"("data_offsets": [0, 512]}})";
+      R"({"model.embed_tokens.weight": {"dtype": "F32", "shape": [1152921504606849536, 4], )"
+      R"("data_offsets": [0, 40960]}})";
   const uint64_t length = header.size();
   const std::string bytes = std::string(reinterpret_cast<const char*>(&length), sizeof(length)) +
-                            header + std::string(512, '\0');
+                            header + std::string(40960, '\0');
   std::filesystem::create_directory(dir / "hf");
   testing::write_text(dir / "hf" / "model.safetensors", bytes);
   const std::string message =
@@ -164,6 +175,27 @@ TEST(BadInput, SizesBeyondCountingAndAbsurdNumbersAreOneLine) {
     EXPECT_EQ(lines(result.output), 1u) << result.output;
     EXPECT_LT(result.output.size(), 400u) << result.output;
   }
+}
+
+// A model whose weights alone exceed the machine is planned, not built.
+TEST(BadInput, ADryRunOfAModelTooLargeForTheMachineDoesNotBuildIt) {
+  const CommandResult result = run("mltrain", MLTRAIN_SOURCE_DIR
+                                   "/configs/base.yaml --dry-run --set train.device=cpu --set "
+                                   "model.n_layers=100000");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_CONTAINS(result.output, "the model is not built: its weights alone take 1128.");
+  EXPECT_CONTAINS(result.output, "dry run: the config is valid; nothing was trained");
+}
+
+// Weights are read into a model built from a config: one that describes a far larger model than
+// the weights could be is refused before it is built, not with the allocator's error.
+TEST(BadInput, AConfigOfAModelFarLargerThanItsWeightsIsRefusedBeforeBuilding) {
+  TemporaryDirectory dir;
+  const std::string config = testing::trained_run(dir);
+  const CommandResult result =
+      run("mltrain", config + " --eval-only --resume auto --set model.n_layers=100000000");
+  expect_user_error(result, "the config's model.* keys: a model of 928000001056 parameters");
+  EXPECT_CONTAINS(result.output, "fewer than they take even in bf16");
 }
 
 TEST(BadInput, AKeyGivenTwiceIsOneLineNamingBothLines) {

@@ -1,6 +1,7 @@
 // What signals, crashes, full disks and diverging runs leave behind, with mltrain run as a user
 // runs it. Failures are made on purpose by mltrain_faults, a test-only build of mltrain that reads
 // MLTRAIN_FAULT (tests/launch/mltrain_with_faults.cpp).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -98,6 +99,21 @@ TEST(Faults, AHangupCheckpointsUnlessTheRunWasStartedUnderNohup) {
   immune.signal(SIGTERM);
   ASSERT_EQ(immune.wait(), 0) << testing::read_text(dir / "nohup.txt");
   EXPECT_CONTAINS(testing::read_text(dir / "nohup.txt"), "stopped by Terminated");
+}
+
+// `mltrain ... | tee log`, and Ctrl-C: tee goes first, and the run, writing to a pipe that nobody
+// reads any more, must still stop with its checkpoint rather than die of SIGPIPE.
+TEST(Faults, ALogReaderThatGoesAwayDoesNotEndTheRun) {
+  TemporaryDirectory dir;
+  const std::string script = fmt::format(
+      "cd {} && mkfifo log.pipe && (head -c 1 < log.pipe > /dev/null &) && "
+      "{{ {} > log.pipe 2>&1 & }} && pid=$! && "
+      "for i in $(seq 1200); do grep -q '\"step\":3,' run/metrics.jsonl 2>/dev/null && break; "
+      "sleep 0.05; done; kill -TERM $pid; wait $pid; echo exit=$?",
+      dir.path().string(), mltrain(write_config(dir, 1000000)));
+  const auto result = run_command(script);
+  EXPECT_CONTAINS(result.output, "exit=0");
+  EXPECT_GE(testing::latest_step(dir / "run"), 3);
 }
 
 TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {

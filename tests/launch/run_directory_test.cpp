@@ -121,6 +121,13 @@ TEST(RunDirectory, ADirectoryThatCannotBeWrittenIsNamed) {
   EXPECT_EQ(resumed.exit_code, kExitUserError) << resumed.output;
   EXPECT_CONTAINS(resumed.output, "train.run_dir " + run_dir.string() + ": cannot write there");
 
+  // Found before the first step: a checkpoint directory that cannot be written.
+  const CommandResult unsavable = run_with_read_only(
+      run_dir / "checkpoints", mltrain(config + " --resume auto --set train.max_steps=6"));
+  EXPECT_EQ(unsavable.exit_code, kExitUserError) << unsavable.output;
+  EXPECT_CONTAINS(unsavable.output, (run_dir / "checkpoints").string() + ": cannot write there");
+  EXPECT_EQ(unsavable.output.find("step 5/"), std::string::npos) << unsavable.output;
+
   const CommandResult evaluated =
       run_with_read_only(run_dir, mltrain(config + " --eval-only --resume auto"));
   EXPECT_EQ(evaluated.exit_code, 0) << evaluated.output;

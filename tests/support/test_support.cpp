@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "common/file_tree.h"
 
@@ -71,9 +72,18 @@ void BackgroundProcess::signal(int signal_number) const { ::kill(pid_, signal_nu
 
 void BackgroundProcess::signal_group(int signal_number) const { ::kill(-pid_, signal_number); }
 
-int BackgroundProcess::wait() {
+int BackgroundProcess::wait(std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
-  ::waitpid(pid_, &status, 0);
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      finished_ = true;
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   finished_ = true;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

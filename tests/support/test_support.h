@@ -2,6 +2,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -49,8 +50,9 @@ class BackgroundProcess {
   // To the process group the process leads (a command run under setsid), as a terminal signals
   // its foreground job on Ctrl-C.
   void signal_group(int signal_number) const;
-  // The exit code (128 + signal when killed by one).
-  int wait();
+  // The exit code (128 + signal when killed by one). A process still running after `timeout` is
+  // killed and -1 returned: a test of something that hangs fails instead of stalling the suite.
+  int wait(std::chrono::seconds timeout = std::chrono::seconds(300));
 
  private:
   int pid_;
