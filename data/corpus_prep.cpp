@@ -67,7 +67,7 @@ void check_options(const CorpusPrepOptions& options) {
 // The tokenizer in `directory`: trained on a sample of the inputs, or copied from the one given.
 std::filesystem::path make_tokenizer(const CorpusPrepOptions& options,
                                      const std::filesystem::path& directory) {
-  const std::filesystem::path model = directory / "tokenizer.model";
+  std::filesystem::path model = directory / "tokenizer.model";
   if (!options.tokenizer.empty()) {
     // Loaded first, so that a file that is no tokenizer fails clearly; written as loaded, so that
     // the file is read once.

@@ -26,9 +26,11 @@ extern "C" void on_bus_error(int signal, siginfo_t* info, void* context) {
   // BUS_ADRERR: a page of the mapping that the file no longer backs.
   if (range != nullptr && info->si_code == BUS_ADRERR && address >= range->begin &&
       address < range->end) {
-    const uintptr_t first_page = address & ~(page_size - 1);
+    // From the start of the faulting page to the end of the range's last page.
+    const uintptr_t into_page = address & (page_size - 1);
+    char* const first_page = static_cast<char*>(info->si_addr) - into_page;
     const uintptr_t end = (range->end + page_size - 1) & ~(page_size - 1);
-    void* zeros = ::mmap(reinterpret_cast<void*>(first_page), end - first_page, PROT_READ,
+    void* zeros = ::mmap(first_page, end - (address - into_page), PROT_READ,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     errno = saved_errno;
     if (zeros != MAP_FAILED) {

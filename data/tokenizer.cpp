@@ -104,6 +104,7 @@ double character_coverage(const std::vector<std::string>& documents, int64_t voc
     }
   }
   std::vector<int64_t> frequencies;
+  frequencies.reserve(counts.size());
   for (const auto& [code, count] : counts) frequencies.push_back(count);
   std::sort(frequencies.rbegin(), frequencies.rend());
   const size_t most_characters = static_cast<size_t>(vocab_size / 2);
@@ -163,6 +164,7 @@ std::vector<Tokenizer::Piece> Tokenizer::pieces() const {
     return PieceKind::normal;  // train_tokenizer defines no user symbols
   };
   std::vector<Piece> pieces;
+  pieces.reserve(static_cast<size_t>(processor_->GetPieceSize()));
   for (int id = 0; id < processor_->GetPieceSize(); ++id)
     pieces.push_back({processor_->IdToPiece(id), processor_->GetScore(id), kind_of(id)});
   return pieces;

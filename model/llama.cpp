@@ -110,8 +110,9 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
     Block& block = layers[layer];
     const auto index = static_cast<int64_t>(layer);
     if (recompute) {
-      // Called again in backward: holds the block and the rotary tables (no gradient) by value.
-      const auto run_block = [block = block.ptr(), cos, sin, start_pos,
+      // Called again in backward: holds the block and the rotary tables (no gradient) by value,
+      // the tables by init-capture (C++17 has no plain capture of a structured binding).
+      const auto run_block = [block = block.ptr(), cos = cos, sin = sin, start_pos,
                               index](const at::Tensor& x) {
         return block->forward(x, cos, sin, start_pos, nullptr, index);
       };

@@ -109,7 +109,7 @@ std::map<std::string, std::string> read_checksums(const StateReader& state) {
   for (const std::string& name : checkpoint_files()) {
     const auto found = json.find(name);
     if (found == json.end()) state.fail(key, fmt::format("has no checksum for {}", name));
-    state.hex_bytes(*found, key + "." + name, 8);  // XXH3's 64 bits
+    state.hex_bytes(*found, fmt::format("{}.{}", key, name), 8);  // XXH3's 64 bits
     checksums[name] = found->get<std::string>();
   }
   // The names are the checkpoint's own files: a listed path could send the check elsewhere.

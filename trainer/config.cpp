@@ -378,7 +378,8 @@ std::vector<std::pair<std::string, YAML::const_iterator>> unique_entries(
     if (!first) {
       throw UserError(fmt::format(
           "{}: {} is given twice, here and at line {}: keep one", file_origin(file, entry->first),
-          section.empty() ? "section " + name : section + "." + name, seen->second));
+          section.empty() ? fmt::format("section {}", name) : fmt::format("{}.{}", section, name),
+          seen->second));
     }
     entries.emplace_back(name, entry);
   }
@@ -404,7 +405,7 @@ void read_file(Config& config, const std::filesystem::path& file) {
     }
     for (const auto& [key, entry] : unique_entries(section->second, file, section_name)) {
       const Origin origin = file_origin(file, entry->first);
-      const std::string path = section_name + "." + key;
+      const std::string path = fmt::format("{}.{}", section_name, key);
       find_key(path, origin).read(config, entry->second, origin);
     }
   }

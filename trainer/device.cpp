@@ -161,7 +161,7 @@ std::filesystem::path own_cgroup(const std::filesystem::path& mount,
     const size_t second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
     if (line.substr(first + 1, second - first - 1) != controller) continue;
-    const std::filesystem::path own = mount / line.substr(second + 1).substr(1);
+    std::filesystem::path own = mount / line.substr(second + 1).substr(1);
     if (std::filesystem::exists(own)) return own;
   }
   return mount;

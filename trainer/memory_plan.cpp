@@ -206,7 +206,9 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
   // Each remedy alone, then both, then the largest micro-batch that divides this rank's share of
   // the global batch, so that gradient accumulation keeps the global batch as it is.
   std::vector<std::string> remedies;
-  const auto fits_with = [&](Config changed) { return plan_memory(changed, plan.target).fits(); };
+  const auto fits_with = [&](const Config& changed) {
+    return plan_memory(changed, plan.target).fits();
+  };
   Config sharded = config;
   sharded.dist.zero_stage = 1;
   Config checkpointed = config;

@@ -410,7 +410,7 @@ at::Tensor TrainingRun::accumulate_gradients() {
   }
   reducer_->finish();
   // Averaged in double, so that the ranks' sum rounds as little as a host sum would.
-  const at::Tensor loss = loss_sum.to(at::kDouble);
+  at::Tensor loss = loss_sum.to(at::kDouble);
   communicator_->all_reduce_average(loss)->wait();
   return loss;
 }

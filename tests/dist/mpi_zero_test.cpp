@@ -106,7 +106,7 @@ TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   Config config;
   config.model = testing::tiny_config();
   config.dist.zero_stage = 1;
-  const MemoryPlan plan = plan_memory(config, {.ranks = world.size});
+  const MemoryPlan plan = plan_memory(config, {.ranks = world.size, .device_memory = std::nullopt});
   EXPECT_EQ(plan.optimizer_unsharded + 4, static_cast<double>(whole.state_bytes()));
   EXPECT_NEAR(plan.optimizer, static_cast<double>(sharded.state_bytes()),
               8.0 * static_cast<double>(buckets) + 4);
@@ -152,9 +152,12 @@ TEST(ShardedAdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPa
     for (const auto& [name, tensor] : whole.state()) {
       ASSERT_TRUE(state.contains(name)) << name;
       EXPECT_EQ(state.at(name).sizes(), tensor.sizes()) << name;
-      if (name.ends_with(".step")) EXPECT_EQ(state.at(name).item<float>(), 1.0f) << name;
-      if (name.ends_with(".exp_avg_sq"))
+      if (name.ends_with(".step")) {
+        EXPECT_EQ(state.at(name).item<float>(), 1.0f) << name;
+      }
+      if (name.ends_with(".exp_avg_sq")) {
         EXPECT_GT(state.at(name).min().item<float>(), 0.0f) << name;
+      }
     }
     std::filesystem::create_directories(saved.parent_path());
     save_safetensors(saved, state);

@@ -54,7 +54,7 @@ TEST(Llama1b, TrainsAStepOnTheCpuWithinItsPlanWhereMemoryAllows) {
                                               "train.eval_batches=1",
                                               "train.run_dir=" + (dir / "run").string()};
   const Config config = load_config(kConfig, overrides);
-  const MemoryPlan plan = plan_memory(config, {.ranks = 1});
+  const MemoryPlan plan = plan_memory(config, {.ranks = 1, .device_memory = std::nullopt});
   const int64_t available = memory_per_rank(c10::Device(c10::kCPU), 1);
   // Room for the checkpoint's 13 GB on the way to the disk, too.
   if (available < plan.total() + 2'000'000'000) {

@@ -59,7 +59,8 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   Config config;  // the base model
   const int64_t p = kBaseParameters;
   const int64_t eighth = (p + 7) / 8;
-  const MemoryPlan plain = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
+  const MemoryPlan plain =
+      plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
   EXPECT_EQ(plain.weights, 4 * p + 2 * 4 * 1024 * 64);  // and the rotary tables' cos and sin
   EXPECT_EQ(plain.gradients, 4 * p);
   EXPECT_EQ(plain.optimizer, 8 * p);
@@ -67,7 +68,8 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(plain.checkpoint_host, 8 * p);  // the whole state, read to resume
 
   config.dist.zero_stage = 1;
-  const MemoryPlan sharded = plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true});
+  const MemoryPlan sharded =
+      plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
   EXPECT_EQ(sharded.optimizer, 8 * eighth);
   EXPECT_EQ(sharded.gradients, 4 * p + 4 * eighth);  // the buckets, and this rank's averaged part
   EXPECT_EQ(sharded.total() - plain.total(), 8 * eighth + 4 * eighth - 8 * p);

@@ -1,0 +1,67 @@
+"""A reference training loop for the golden loss trace (tests only): the MiniLLaMA of minillama.py
+trained by torch.optim.AdamW, with the warmup, cosine schedule and clipping written from their
+definitions in README.md, not from the C++ code.
+
+usage: train_reference.py CONFIG_JSON WEIGHTS.safetensors BATCHES.safetensors OUT.safetensors [FAULT]
+CONFIG holds "model" (as parity.py reads it) and "optim" (lr, min_lr, warmup_steps, max_steps,
+beta1, beta2, eps, weight_decay, grad_clip). BATCHES holds "batches" [steps, grad_accum, B, T+1]
+int64: the windows of each micro-step. OUT receives "losses" [steps] (float64, each step's mean over
+its micro-steps) and the weights after the last step. FAULT, for the test that the comparison can
+fail: "decay-norms" (weight decay on the norms too) or "shifted-schedule" (the learning rate of the
+next step).
+"""
+import json
+import math
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import minillama
+
+
+def learning_rate(optim, step):
+    """Step counted from 1: linear warmup to lr, then a cosine to min_lr over the steps after it."""
+    warmup = optim["warmup_steps"]
+    if step <= warmup:
+        return optim["lr"] * step / warmup
+    progress = (step - 1 - warmup) / max(1, optim["max_steps"] - warmup)
+    progress = min(max(progress, 0.0), 1.0)
+    return optim["min_lr"] + (optim["lr"] - optim["min_lr"]) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def main(config_path, weights_path, batches_path, out_path, fault=""):
+    with open(config_path) as f:
+        config = json.load(f)
+    optim = config["optim"]
+    weights = {name: t.requires_grad_(True) for name, t in load_file(weights_path).items()}
+    # Weight decay on matrices only: the norms' gains are not decayed.
+    decayed = [t for t in weights.values() if t.dim() >= 2 or fault == "decay-norms"]
+    kept = [t for t in weights.values() if not (t.dim() >= 2 or fault == "decay-norms")]
+    optimizer = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": optim["weight_decay"]},
+         {"params": kept, "weight_decay": 0.0}],
+        lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]), eps=optim["eps"], foreach=False)
+    shift = 1 if fault == "shifted-schedule" else 0
+    losses = []
+    for step, micro_batches in enumerate(load_file(batches_path)["batches"], start=1):
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for window in micro_batches:
+            logits = minillama.forward(window[:, :-1], weights, config["model"])
+            loss = minillama.loss(logits, window[:, 1:]) / len(micro_batches)
+            loss.backward()
+            step_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(list(weights.values()), optim["grad_clip"])
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(optim, step + shift)
+        optimizer.step()
+        losses.append(step_loss)
+    out = {"losses": torch.tensor(losses, dtype=torch.float64)}
+    out.update({name: t.detach().contiguous() for name, t in weights.items()})
+    save_file(out, out_path)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    main(*sys.argv[1:])
