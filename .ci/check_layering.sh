@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The include arrows of DESIGN.md, checked: model/, data/ and dist/ include (of the project's
 # folders) only common/ and themselves; trainer/ includes neither launch/, tests/ nor bench/.
+# Inside trainer/ the sub-folders point down too: config/ includes no other; machine/, optim/ and
+# report/ include only config/; checkpoint/ adds optim/; run/ may include them all.
 # Prints each include that breaks them as file:line and exits 1; exits 0 when they all hold.
 # Only #include "folder/..." of a project folder counts, so third-party quoted includes pass.
 set -euo pipefail
@@ -38,9 +40,15 @@ for folder in model data dist; do
   check "$folder" "${forbidden[@]}"
 done
 check trainer launch tests bench
+# Each trainer/ sub-folder may not include the ones listed after it.
+check trainer/config trainer/machine trainer/optim trainer/report trainer/checkpoint trainer/run
+check trainer/machine trainer/optim trainer/report trainer/checkpoint trainer/run
+check trainer/optim trainer/machine trainer/report trainer/checkpoint trainer/run
+check trainer/report trainer/machine trainer/optim trainer/checkpoint trainer/run
+check trainer/checkpoint trainer/machine trainer/report trainer/run
 
 if ((violations > 0)); then
   printf 'layering: %d include(s) break the arrows of DESIGN.md\n' "$violations"
   exit 1
 fi
-echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/"
+echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/, and its sub-folders point down"

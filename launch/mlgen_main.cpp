@@ -19,14 +19,14 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
-#include "common/number_arguments.h"
 #include "data/text_stream.h"
 #include "data/tokenizer.h"
+#include "launch/number_arguments.h"
 #include "model/generate.h"
 #include "model/hf_state_dict.h"
-#include "trainer/checkpoint_store.h"
-#include "trainer/config.h"
-#include "trainer/device.h"
+#include "trainer/checkpoint/checkpoint_store.h"
+#include "trainer/config/config.h"
+#include "trainer/machine/device.h"
 
 namespace {
 

@@ -8,9 +8,9 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
-#include "common/number_arguments.h"
 #include "data/corpus_prep.h"
 #include "data/shard.h"
+#include "launch/number_arguments.h"
 
 namespace {
 

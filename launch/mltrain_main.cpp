@@ -1,4 +1,4 @@
 // mltrain: trains, resumes or evaluates a LLaMA-style model described by a YAML config.
-#include "trainer/mltrain_command.h"
+#include "launch/mltrain_command.h"
 
 int main(int argc, char** argv) { return mltrain::run_mltrain(argc, argv); }

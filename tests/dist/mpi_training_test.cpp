@@ -9,7 +9,7 @@
 #include "tests/dist/mpi_test_world.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/training_run.h"
+#include "trainer/run/training_run.h"
 
 namespace mltrain {
 namespace {

@@ -13,8 +13,8 @@
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
-#include "trainer/memory_plan.h"
-#include "trainer/sharded_adamw.h"
+#include "trainer/optim/sharded_adamw.h"
+#include "trainer/run/memory_plan.h"
 
 namespace mltrain {
 namespace {

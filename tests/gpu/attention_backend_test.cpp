@@ -9,7 +9,7 @@
 #include "model/attention.h"
 #include "model/model_config.h"
 #include "model/rotary.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -10,8 +10,8 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/precision.h"
-#include "trainer/training_run.h"
+#include "trainer/machine/precision.h"
+#include "trainer/run/training_run.h"
 
 namespace mltrain {
 namespace {

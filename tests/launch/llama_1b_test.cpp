@@ -8,9 +8,9 @@
 
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/config.h"
-#include "trainer/device.h"
-#include "trainer/memory_plan.h"
+#include "trainer/config/config.h"
+#include "trainer/machine/device.h"
+#include "trainer/run/memory_plan.h"
 
 namespace mltrain {
 namespace {

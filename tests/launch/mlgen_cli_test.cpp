@@ -10,7 +10,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_state_dict.h"
 #include "tests/support/test_support.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace mltrain {
 namespace {

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainer/mltrain_command.h"
+#include "launch/mltrain_command.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include "tests/launch/fault_support.h"
 #include "tests/launch/trained_run.h"
 #include "tests/support/test_support.h"
-#include "trainer/checkpoint_format.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 
 namespace mltrain {
 namespace {

@@ -19,7 +19,7 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -16,7 +16,7 @@
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "model/kernel_choice.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_store.h"
+#include "trainer/checkpoint/checkpoint_store.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "model/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/training_run.h"
+#include "trainer/run/training_run.h"
 
 namespace mltrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/compute_settings.h"
+#include "trainer/machine/compute_settings.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include "trainer/device.h"
+#include "trainer/machine/device.h"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>

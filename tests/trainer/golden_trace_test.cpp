@@ -18,7 +18,7 @@
 #include "model/llama.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/training_run.h"
+#include "trainer/run/training_run.h"
 
 namespace mltrain {
 namespace {

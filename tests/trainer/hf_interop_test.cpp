@@ -22,8 +22,8 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/hf_export.h"
-#include "trainer/training_run.h"
+#include "trainer/run/hf_export.h"
+#include "trainer/run/training_run.h"
 
 namespace mltrain {
 namespace {

@@ -9,8 +9,8 @@
 #include "model/llama.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
-#include "trainer/memory_plan.h"
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
+#include "trainer/run/memory_plan.h"
 
 namespace mltrain {
 namespace {

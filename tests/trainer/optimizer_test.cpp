@@ -11,9 +11,9 @@
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
-#include "trainer/adamw.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/train_step.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/lr_schedule.h"
+#include "trainer/run/train_step.h"
 
 namespace mltrain {
 namespace {

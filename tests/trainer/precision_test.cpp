@@ -1,4 +1,4 @@
-#include "trainer/precision.h"
+#include "trainer/machine/precision.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>

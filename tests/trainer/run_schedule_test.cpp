@@ -1,4 +1,4 @@
-#include "trainer/run_schedule.h"
+#include "trainer/run/run_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "data/shard.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace mltrain::testing {
 

@@ -1,4 +1,4 @@
-#include "trainer/training_run.h"
+#include "trainer/run/training_run.h"
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/evaluation.h"
+#include "trainer/run/evaluation.h"
 
 namespace mltrain {
 namespace {

@@ -1,0 +1,60 @@
+#include "launch/mltrain_command.h"
+
+#include <fmt/core.h>
+
+#include <csignal>
+
+#include "common/error.h"
+#include "common/guarded_main.h"
+#include "common/logging.h"
+#include "dist/world.h"
+#include "launch/mltrain_command_line.h"
+#include "trainer/config/config.h"
+#include "trainer/report/loss_plot.h"
+#include "trainer/run/dry_run.h"
+#include "trainer/run/evaluation.h"
+#include "trainer/run/hf_export.h"
+#include "trainer/run/training_run.h"
+
+namespace mltrain {
+
+int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
+  // A log read through a pipe (`mltrain ... | tee log`) must not end the run when its reader goes:
+  // Ctrl-C takes tee down first, and the run still has a checkpoint to save.
+  std::signal(SIGPIPE, SIG_IGN);
+  const World world = init_world(&argc, &argv);
+  setup_logging(world.rank);
+  const int code = guarded_main([&] {
+    const CommandLine command_line = parse_command_line(argc, argv);
+    if (command_line.help) {
+      fmt::print("{}", command_line_help());
+      return 0;
+    }
+    const Config config = load_config(command_line.config_path, command_line.overrides);
+    if (command_line.dump_config) {
+      fmt::print("{}", config_to_yaml(config));
+    } else if (command_line.dry_run) {
+      dry_run(config, world, {command_line.ranks, command_line.device_memory_gb});
+    } else if (command_line.plot) {
+      draw_loss_curve(config.train.run_dir);
+    } else if (command_line.eval_only) {
+      evaluate_weights(config,
+                       command_line.resume == "auto" ? config.train.run_dir : command_line.resume);
+    } else if (!command_line.export_hf.empty()) {
+      // Several processes would race for the one output directory.
+      if (world.size > 1)
+        throw UserError("--export-hf runs in one process: start it without mpirun");
+      export_hf(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume,
+                command_line.export_hf);
+    } else {
+      train(config, command_line.resume, world, hooks);
+    }
+    return 0;
+  });
+  // A rank that fails takes the others down rather than leave them waiting in a collective.
+  if (code != 0 && world.size > 1) abort_world(world, code);
+  finalize_world(world);
+  return code;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,138 @@
+#include "trainer/checkpoint/checkpoint_format.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+#include "common/input_file.h"
+#include "model/hf_state_dict.h"
+#include "model/safetensors.h"
+
+namespace mltrain {
+namespace {
+
+// XXH3 of a file's bytes, as 16 hex digits.
+std::string file_checksum(const std::filesystem::path& path) {
+  const InputFile in(path, "checkpoint file");
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(1 << 20);
+  uint64_t offset = 0;
+  while (const size_t count = in.read_some(offset, buffer.data(), buffer.size())) {
+    XXH3_64bits_update(state, buffer.data(), count);
+    offset += count;
+  }
+  const XXH64_hash_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fmt::format("{:016x}", hash);
+}
+
+CheckpointState verified_state(const std::filesystem::path& checkpoint) {
+  CheckpointState state = read_checkpoint_state(checkpoint);
+  for (const auto& [name, checksum] : state.checksums) {
+    const auto path = checkpoint / name;
+    if (!std::filesystem::exists(path))
+      throw UserError(fmt::format("{}: missing from the checkpoint", path.string()));
+    if (file_checksum(path) != checksum) {
+      throw UserError(
+          fmt::format("{}: checksum mismatch: the file is corrupted or truncated", path.string()));
+    }
+  }
+  return state;
+}
+
+// The model keys of the checkpoint's config must equal the run's; other keys may change.
+void check_config(const std::filesystem::path& checkpoint, const Config& config) {
+  const Config saved = load_config(checkpoint / "config.yaml");
+  std::vector<std::string> model_changes;
+  for (const ConfigChange& change : config_changes(saved, config)) {
+    // model.init_from says where a fresh run's weights came from, not what the model is: a
+    // resumed run takes the checkpoint's weights whatever it names.
+    if (change.key.starts_with("model.") && change.key != "model.init_from") {
+      model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config",
+                                          change.key, change.before, change.after));
+    } else {
+      spdlog::info("changed since the checkpoint: {} {} -> {}", change.key, change.before,
+                   change.after);
+    }
+  }
+  if (!model_changes.empty()) {
+    throw UserError(fmt::format("{}: the checkpoint is of another model: {}", checkpoint.string(),
+                                fmt::join(model_changes, "; ")));
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  const std::string_view prefix = "step_";
+  const std::string_view digits =
+      std::string_view(name).substr(std::min(name.size(), prefix.size()));
+  // int64 holds 18 digits whatever they are.
+  if (!name.starts_with(prefix) || digits.size() < 8 || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(std::string(digits));
+}
+
+void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
+                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
+                      const Config& config, int64_t world_size,
+                      const std::function<void(const std::filesystem::path&)>& after_weights) {
+  save_model_weights(model, directory / "model.safetensors");
+  if (after_weights) after_weights(directory);
+  save_safetensors(directory / "optimizer.safetensors", optimizer_state);
+  write_file_atomically(directory / "config.yaml", config_to_yaml(config));
+
+  CheckpointState state;
+  state.progress = progress;
+  state.world_size = world_size;
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  state.cpu_rng.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+  for (const std::string& name : checkpoint_files())
+    state.checksums[name] = file_checksum(directory / name);
+  write_file_atomically(directory / "state.json", checkpoint_state_json(state));
+}
+
+void verify_checkpoint(const std::filesystem::path& checkpoint) { verified_state(checkpoint); }
+
+TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
+                                 Optimizer& optimizer, const Config& config) {
+  CheckpointState state = verified_state(checkpoint);
+  check_config(checkpoint, config);
+  const TrainingProgress& progress = state.progress;
+  // A sample is a window of data.seq_len tokens, at most model.max_seq_len.
+  if (static_cast<double>(progress.tokens_seen) >
+      static_cast<double>(progress.samples_consumed) *
+          static_cast<double>(config.model.max_seq_len)) {
+    throw UserError(fmt::format(
+        "{}: \"tokens_seen\" ({}) is more than \"samples_consumed\" ({}) windows of at most "
+        "model.max_seq_len ({}) tokens hold",
+        (checkpoint / "state.json").string(), progress.tokens_seen, progress.samples_consumed,
+        config.model.max_seq_len));
+  }
+  load_model_weights(model, checkpoint / "model.safetensors");
+  optimizer.load_state(load_safetensors(checkpoint / "optimizer.safetensors"),
+                       (checkpoint / "optimizer.safetensors").string());
+  const at::Tensor rng =
+      at::from_blob(state.cpu_rng.data(), {static_cast<int64_t>(state.cpu_rng.size())}, at::kByte);
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  generator.set_state(rng.clone());
+  spdlog::info("resuming from {}: step {}, {} samples consumed{}", checkpoint.string(),
+               progress.step, progress.samples_consumed,
+               state.world_size == 1 ? "" : fmt::format(" (saved by {} ranks)", state.world_size));
+  return progress;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "model/llama.h"
+#include "trainer/checkpoint/checkpoint_state.h"
+#include "trainer/config/config.h"
+#include "trainer/optim/adamw.h"
+
+namespace mltrain {
+
+// A checkpoint directory's name, step_00001000: the step in at least 8 digits.
+std::string checkpoint_name(int64_t step);
+// The step of a checkpoint directory's name; none for another name.
+std::optional<int64_t> checkpoint_step(const std::string& name);
+
+// One checkpoint directory: model.safetensors (Hugging Face names), optimizer.safetensors (AdamW
+// moments and step counts), config.yaml (the effective config) and state.json (progress, RNG
+// state, world size, versions, and an XXH3 checksum of every other file).
+
+// Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk;
+// `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
+// or a full disk in the middle of a save).
+void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
+                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
+                      const Config& config, int64_t world_size,
+                      const std::function<void(const std::filesystem::path&)>& after_weights = {});
+
+// Reads state.json (read_checkpoint_state) and checks every file against its checksum there. A
+// missing or damaged state, a missing, truncated or corrupted file is a UserError naming the file.
+void verify_checkpoint(const std::filesystem::path& checkpoint);
+
+// Verifies the checkpoint, then loads it into the model and the optimizer. A model shape that
+// differs from config.model (every differing key listed) is a UserError; changed keys outside
+// model are logged.
+TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
+                                 Optimizer& optimizer, const Config& config);
+
+}  // namespace mltrain

@@ -1,0 +1,178 @@
+#include "trainer/checkpoint/checkpoint_state.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/input_file.h"
+#include "common/json_text.h"
+#include "dist/world.h"
+#include "trainer/checkpoint/checkpoint_format.h"
+
+namespace mltrain {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr int kStateFormat = 1;
+
+// Counts are kept to the integers that every JSON reader holds exactly; a step a millisecond for
+// 285,000 years stays below.
+constexpr int64_t kMostCount = int64_t{1} << 53;
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string text;
+  text.reserve(2 * bytes.size());
+  for (const uint8_t byte : bytes) text += fmt::format("{:02x}", byte);
+  return text;
+}
+
+// One key of state.json, read with its checks; every failure names the file and the key.
+class StateReader {
+ public:
+  StateReader(const Json& json, std::filesystem::path path) : json_(json), path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw UserError(fmt::format("{}: \"{}\" {}", path_.string(), key, what));
+  }
+
+  const Json& at(const std::string& key) const {
+    const auto found = json_.find(key);
+    if (found == json_.end()) fail(key, "is missing");
+    return *found;
+  }
+
+  int64_t integer(const std::string& key, int64_t min, int64_t max) const {
+    const Json& value = at(key);
+    const bool in_range = value.is_number_integer() && value.get<int64_t>() >= min &&
+                          value.get<int64_t>() <= max &&
+                          !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(max));
+    if (!in_range)
+      fail(key, fmt::format("must be an integer from {} to {}, got {}", min, max,
+                            json_value_text(value)));
+    return value.get<int64_t>();
+  }
+
+  // A finite number of at least 0; `nullable`: or null, read as infinity (no value yet).
+  double non_negative(const std::string& key, bool nullable) const {
+    const Json& value = at(key);
+    if (nullable && value.is_null()) return std::numeric_limits<double>::infinity();
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0)
+      fail(key, fmt::format("must be a number of at least 0{}, got {}", nullable ? " or null" : "",
+                            json_value_text(value)));
+    return value.get<double>();
+  }
+
+  // A string of lowercase hexadecimal digits, two to a byte, of `size` bytes. Checked with a loop:
+  // a regular expression would recurse once a digit pair in libstdc++, and a long string would
+  // overflow the stack.
+  std::vector<uint8_t> hex_bytes(const Json& value, const std::string& key, size_t size) const {
+    const auto digit = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+    if (!value.is_string() || !std::all_of(value.get_ref<const std::string&>().begin(),
+                                           value.get_ref<const std::string&>().end(), digit))
+      fail(key, "must be a string of lowercase hexadecimal digits");
+    const std::string& text = value.get_ref<const std::string&>();
+    if (text.size() != 2 * size)
+      fail(key, fmt::format("holds {} digits where {} bytes take {}", text.size(), size, 2 * size));
+    std::vector<uint8_t> bytes(size);
+    for (size_t i = 0; i < size; ++i)
+      bytes[i] = static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+    return bytes;
+  }
+
+ private:
+  const Json& json_;
+  std::filesystem::path path_;
+};
+
+TrainingProgress read_progress(const StateReader& state) {
+  TrainingProgress progress;
+  progress.step = state.integer("step", 1, kMostCount);
+  // Every step consumes at least one sample, and every sample at least one token.
+  progress.samples_consumed = state.integer("samples_consumed", progress.step, kMostCount);
+  progress.tokens_seen = state.integer("tokens_seen", progress.samples_consumed, kMostCount);
+  progress.learning_rate = state.non_negative("learning_rate", false);
+  progress.best_val_loss = state.non_negative("best_val_loss", true);
+  return progress;
+}
+
+std::map<std::string, std::string> read_checksums(const StateReader& state) {
+  const std::string key = "checksums_xxh3";
+  const Json& json = state.at(key);
+  if (!json.is_object()) state.fail(key, "must be an object of file names and checksums");
+  std::map<std::string, std::string> checksums;
+  for (const std::string& name : checkpoint_files()) {
+    const auto found = json.find(name);
+    if (found == json.end()) state.fail(key, fmt::format("has no checksum for {}", name));
+    state.hex_bytes(*found, fmt::format("{}.{}", key, name), 8);  // XXH3's 64 bits
+    checksums[name] = found->get<std::string>();
+  }
+  // The names are the checkpoint's own files: a listed path could send the check elsewhere.
+  if (json.size() != checksums.size())
+    state.fail(key,
+               fmt::format("lists files that are not a checkpoint's (only {}, {} and {})",
+                           checkpoint_files()[0], checkpoint_files()[1], checkpoint_files()[2]));
+  return checksums;
+}
+
+}  // namespace
+
+std::string checkpoint_state_json(const CheckpointState& state) {
+  const TrainingProgress& progress = state.progress;
+  const Json json = {
+      {"format", kStateFormat},
+      {"step", progress.step},
+      {"samples_consumed", progress.samples_consumed},
+      {"tokens_seen", progress.tokens_seen},
+      {"learning_rate", progress.learning_rate},
+      {"best_val_loss",
+       std::isfinite(progress.best_val_loss) ? Json(progress.best_val_loss) : Json()},
+      {"world_size", state.world_size},
+      {"rng", {{"cpu", hex(state.cpu_rng)}}},
+      {"checksums_xxh3", state.checksums},
+      {"versions", {{"mltrain", MLTRAIN_VERSION}, {"torch", TORCH_VERSION}}},
+  };
+  return json.dump(2) + "\n";
+}
+
+CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {
+  const std::filesystem::path path = checkpoint / "state.json";
+  if (!std::filesystem::exists(path))
+    throw UserError(fmt::format("{}: not a checkpoint (no state.json)", checkpoint.string()));
+  Json json;
+  try {
+    json = Json::parse(read_text_file(path, "checkpoint state"));
+  } catch (const Json::exception& error) {
+    throw UserError(fmt::format("{}: damaged checkpoint state ({})", path.string(), error.what()));
+  }
+  if (!json.is_object())
+    throw UserError(fmt::format("{}: damaged checkpoint state (not a JSON object)", path.string()));
+  const StateReader reader(json, path);
+  reader.integer("format", kStateFormat, kStateFormat);
+
+  CheckpointState state;
+  state.progress = read_progress(reader);
+  const std::string directory = checkpoint.filename().string();
+  if (const auto named = checkpoint_step(directory); named && *named != state.progress.step) {
+    reader.fail("step", fmt::format("is {}, but the checkpoint directory is {}",
+                                    state.progress.step, directory));
+  }
+  state.world_size = reader.integer("world_size", 1, kMostRanks);
+
+  const Json& rng = reader.at("rng");
+  if (!rng.is_object() || !rng.contains("cpu"))
+    reader.fail("rng", "must be an object with \"cpu\"");
+  // As many bytes as this LibTorch's CPU generator keeps.
+  state.cpu_rng = reader.hex_bytes(
+      rng["cpu"], "rng.cpu",
+      static_cast<size_t>(at::detail::getDefaultCPUGenerator().get_state().numel()));
+  state.checksums = read_checksums(reader);
+  return state;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,206 @@
+#include "trainer/checkpoint/checkpoint_store.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+#include "common/file_tree.h"
+#include "common/input_file.h"
+
+namespace mltrain {
+namespace {
+
+// `latest` holds one checkpoint's name; anything much longer is not one.
+constexpr uint64_t kLatestBytes = 4096;
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(const std::filesystem::path& run_dir)
+    : directory_(run_dir / "checkpoints") {}
+
+std::filesystem::path CheckpointStore::path_of(int64_t step) const {
+  return directory_ / checkpoint_name(step);
+}
+
+bool CheckpointStore::exists() const {
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(directory_, error);
+  if (!std::filesystem::exists(status)) return false;
+  if (!std::filesystem::is_directory(std::filesystem::status(directory_, error))) {
+    throw UserError(
+        fmt::format("{}: not a directory, where the run keeps its checkpoints; move it "
+                    "away",
+                    directory_.string()));
+  }
+  return true;
+}
+
+void CheckpointStore::prepare_for_saving() const {
+  if (!exists()) return;
+  // What would fail only at the first save, after the steps before it were trained.
+  const std::filesystem::path marker = directory_ / "latest";
+  std::error_code error;
+  const auto marker_status = std::filesystem::status(marker, error);
+  if (std::filesystem::exists(marker_status) && !std::filesystem::is_regular_file(marker_status)) {
+    throw UserError(
+        fmt::format("{}: not a regular file, where the run names its newest checkpoint; "
+                    "move it away",
+                    marker.string()));
+  }
+  if (const auto reason = unwritable_reason(directory_)) {
+    throw UserError(fmt::format("{}: cannot write there ({}), where the run saves its checkpoints",
+                                directory_.string(), *reason));
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
+    if (entry.path().extension() == ".tmp") {
+      spdlog::warn("removing {}, left by an interrupted checkpoint save", entry.path().string());
+      remove_tree(entry.path());
+    }
+  }
+}
+
+std::filesystem::path CheckpointStore::save(
+    const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
+    const Config& config, int64_t world_size,
+    const std::function<void(const std::filesystem::path&)>& after_weights) const {
+  std::filesystem::path final_path = path_of(progress.step);
+  const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
+  try {
+    std::filesystem::create_directories(directory_);
+    remove_tree(temporary);
+    std::filesystem::create_directory(temporary);
+    write_checkpoint(temporary, model, optimizer_state, progress, config, world_size,
+                     after_weights);
+    fsync_directory(temporary);
+    remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
+    std::filesystem::rename(temporary, final_path);
+    fsync_directory(directory_);
+    write_file_atomically(directory_ / "latest", checkpoint_name(progress.step) + "\n");
+  } catch (const std::exception& error) {
+    std::error_code ignored;
+    remove_tree(temporary, ignored);
+    throw std::runtime_error(
+        fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
+                    "checkpoints are kept",
+                    progress.step, error.what()));
+  }
+  prune(progress.step, config.train.keep_last, config.train.keep_every);
+  return final_path;
+}
+
+std::vector<int64_t> CheckpointStore::saved_steps() const {
+  std::vector<int64_t> steps;
+  if (!exists()) return steps;
+  for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
+    const auto step = checkpoint_step(entry.path().filename().string());
+    if (step && entry.is_directory()) steps.push_back(*step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const {
+  int64_t kept = 0;
+  for (const int64_t step : saved_steps()) {
+    if (step > saved_step) continue;
+    if (kept++ < keep_last || (keep_every > 0 && step % keep_every == 0)) continue;
+    remove_tree(path_of(step));
+  }
+}
+
+std::optional<std::filesystem::path> CheckpointStore::latest() const {
+  const std::filesystem::path marker = directory_ / "latest";
+  std::error_code missing;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing)))
+    return std::nullopt;
+  // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
+  std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  if (!checkpoint_step(name)) {
+    throw UserError(fmt::format(
+        "{}: does not name a checkpoint (it should hold one line, such as step_00001000): resume "
+        "from a checkpoint directory with --resume PATH",
+        marker.string()));
+  }
+  if (!std::filesystem::is_directory(directory_ / name)) {
+    throw UserError(fmt::format(
+        "{}: names {}, which is not a checkpoint directory here: resume from a checkpoint "
+        "directory with --resume PATH",
+        marker.string(), name));
+  }
+  return directory_ / name;
+}
+
+std::optional<std::filesystem::path> CheckpointStore::newest_intact_before(int64_t step) const {
+  for (const int64_t older : saved_steps()) {
+    if (older >= step) continue;
+    try {
+      verify_checkpoint(path_of(older));
+      return path_of(older);
+    } catch (const UserError&) {
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resume, Llama& model,
+                                                        Optimizer& optimizer,
+                                                        const Config& config) const {
+  if (resume.empty()) {
+    if (const std::vector<int64_t> steps = saved_steps(); !steps.empty()) {
+      throw UserError(
+          fmt::format("{} already holds checkpoints (newest: {}): continue that run with "
+                      "--resume auto, or start a new one in another train.run_dir",
+                      directory_.parent_path().string(), checkpoint_name(steps.front())));
+    }
+    return std::nullopt;
+  }
+  if (resume != "auto") {
+    if (!std::filesystem::is_directory(resume)) {
+      throw UserError(fmt::format("--resume {}: no such checkpoint directory", resume));
+    }
+    return load_checkpoint(resume, model, optimizer, config);
+  }
+  const auto newest = latest();
+  if (!newest) {
+    spdlog::info("--resume auto: no checkpoint in the run directory yet; starting fresh");
+    return std::nullopt;
+  }
+  try {
+    return load_checkpoint(*newest, model, optimizer, config);
+  } catch (const UserError& error) {
+    const int64_t newest_step = *checkpoint_step(newest->filename().string());
+    const auto intact = newest_intact_before(newest_step);
+    if (!intact) throw;
+    throw UserError(
+        fmt::format("{}; the older checkpoint {} is intact: continue from it with --resume {}",
+                    error.what(), intact->filename().string(), intact->string()));
+  }
+}
+
+std::filesystem::path find_weights(const std::filesystem::path& path) {
+  if (std::filesystem::is_regular_file(path)) {
+    // A weights file inside a checkpoint is checked against the checkpoint's checksums.
+    if (std::filesystem::exists(path.parent_path() / "state.json"))
+      verify_checkpoint(path.parent_path());
+    return path;
+  }
+  if (std::filesystem::exists(path / "state.json")) {
+    verify_checkpoint(path);
+    return path / "model.safetensors";
+  }
+  if (std::filesystem::exists(path / "model.safetensors")) return path / "model.safetensors";
+  if (const auto latest = CheckpointStore(path).latest()) {
+    verify_checkpoint(*latest);
+    return *latest / "model.safetensors";
+  }
+  throw UserError(
+      fmt::format("{}: no weights here: give a .safetensors file, a checkpoint directory "
+                  "or a run directory with checkpoints (train first)",
+                  path.string()));
+}
+
+}  // namespace mltrain

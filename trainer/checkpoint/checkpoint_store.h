@@ -1,0 +1,63 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint/checkpoint_format.h"
+
+namespace mltrain {
+
+// The checkpoints of a run: RUN_DIR/checkpoints/step_00001000/ (checkpoint_format.h), and
+// RUN_DIR/checkpoints/latest, the one source of truth for which checkpoint is the newest. A
+// checkpoint is written into step_XXXXXXXX.tmp/ and renamed once complete, and only then does
+// `latest` name it: a directory with a final name is always complete, and `latest` names one.
+class CheckpointStore {
+ public:
+  explicit CheckpointStore(const std::filesystem::path& run_dir);
+
+  // Before a run trains: checks what would otherwise fail only at its first save (a `latest` that
+  // is not a file, a directory that cannot be written), each a UserError, and removes the .tmp
+  // directories of saves that a crash interrupted.
+  void prepare_for_saving() const;
+
+  // Saves, points `latest` at the new checkpoint, then keeps the newest keep_last checkpoints up
+  // to it plus every multiple of keep_every (0: none); checkpoints of later steps, left by a run
+  // that was resumed from an earlier one, are not touched. A failed write removes its temporary
+  // directory, leaves every saved checkpoint as it was, and throws a runtime error.
+  std::filesystem::path save(
+      const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
+      const Config& config, int64_t world_size,
+      const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
+
+  // The checkpoint `latest` names, if any.
+  std::optional<std::filesystem::path> latest() const;
+
+  // The resume policy: loads the checkpoint `resume` names into the model and the optimizer and
+  // returns its progress, or nothing for a fresh start. "" is a fresh start, refused where
+  // checkpoints already are (its own would be pruned against them and could replace them);
+  // "auto" is the newest checkpoint (none: a fresh start), and a damaged newest one is refused
+  // with the newest intact one named; anything else is a checkpoint directory.
+  std::optional<TrainingProgress> resume(const std::string& resume, Llama& model,
+                                         Optimizer& optimizer, const Config& config) const;
+
+ private:
+  // Whether RUN_DIR/checkpoints is there; something else in its place is a UserError.
+  bool exists() const;
+  std::vector<int64_t> saved_steps() const;  // newest first
+  std::filesystem::path path_of(int64_t step) const;
+  void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const;
+  std::optional<std::filesystem::path> newest_intact_before(int64_t step) const;
+
+  std::filesystem::path directory_;
+};
+
+// The verified weights file a path means: a .safetensors file itself (checked against its
+// checkpoint's checksums when it is in one), a checkpoint directory's model.safetensors, or a run
+// directory's newest checkpoint's. Nothing there, or a damaged checkpoint, is a UserError.
+std::filesystem::path find_weights(const std::filesystem::path& path);
+
+}  // namespace mltrain

@@ -1,0 +1,30 @@
+#include "trainer/machine/compute_settings.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+
+#include <limits>
+
+#include "model/kernel_choice.h"
+
+namespace mltrain {
+
+void apply_compute_settings(const TrainConfig& train) {
+  if (train.threads > 0) at::set_num_threads(static_cast<int>(train.threads));
+  set_kernel_choice(parse_kernel_choice(train.kernels));
+  at::globalContext().setFlushDenormal(true);
+  // One task per pool thread: ATen splits [0, n) into n chunks of one, and its OpenMP pool gives
+  // each thread one, so every worker sets its own flag (threads created later inherit it). A
+  // worker without it would produce denormals where the others produce zeros; the flush test
+  // checks a product spread over the threads.
+  const int64_t threads = at::get_num_threads();
+  at::parallel_for(0, threads, 1,
+                   [](int64_t, int64_t) { at::globalContext().setFlushDenormal(true); });
+}
+
+bool flushes_denormals() {
+  volatile float smallest_normal = std::numeric_limits<float>::min();
+  return smallest_normal / 2.0f == 0.0f;
+}
+
+}  // namespace mltrain

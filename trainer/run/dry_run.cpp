@@ -1,0 +1,80 @@
+#include "trainer/run/dry_run.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/version.h>
+
+#include "model/llama.h"
+#include "trainer/machine/compute_settings.h"
+#include "trainer/machine/device.h"
+#include "trainer/machine/precision.h"
+#include "trainer/report/model_summary.h"
+#include "trainer/run/memory_plan.h"
+
+namespace mltrain {
+namespace {
+
+// The plan, and what would make it fit where it does not: a dry run reports, and refuses nothing.
+void report(const MemoryPlan& plan, const Config& config) {
+  spdlog::info("{}", describe(plan));
+  if (const std::string shortfall = memory_shortfall(plan, config); !shortfall.empty())
+    spdlog::warn("{}", shortfall);
+}
+
+}  // namespace
+
+void dry_run(const Config& config, const World& world, const DryRunTarget& target) {
+  apply_compute_settings(config.train);
+  const int ranks = target.ranks > 0 ? target.ranks : world.size;
+  if (target.device_memory_gb > 0) {
+    const PrecisionChoice precision =
+        choose_precision(config.train.precision, c10::Device(c10::kCUDA), CpuBf16::emulated);
+    const MemoryPlan plan = plan_memory(config, {.ranks = ranks,
+                                                 .cuda = true,
+                                                 .bf16 = precision.bf16,
+                                                 .device_memory = target.device_memory_gb * 1e9});
+    report(plan, config);
+    spdlog::info("dry run: the config is valid; planned for {} GPUs of {} GB, nothing was built",
+                 ranks, target.device_memory_gb);
+    return;
+  }
+  const c10::Device device = resolve_device(config.train.device);
+  spdlog::info("mltrain {} on LibTorch {}, device {}", MLTRAIN_VERSION, TORCH_VERSION,
+               describe_device(device));
+  const PrecisionChoice precision = precision_on_this_machine(config.train.precision, device);
+  log_precision(precision);
+  const int ranks_on_node = target.ranks > 0 ? ranks : world.local_size;
+  const MemoryPlan plan = plan_memory(
+      config, {.ranks = ranks,
+               .cuda = device.is_cuda(),
+               .bf16 = precision.bf16,
+               .device_memory = static_cast<double>(memory_per_rank(device, ranks_on_node))});
+  report(plan, config);
+
+  // The model is built to show its parameters, where its weights alone fit this machine.
+  const double model_bytes = plan.runtime + plan.weights;
+  const bool built = !plan.target.device_memory || model_bytes <= *plan.target.device_memory;
+  if (built) {
+    Llama model(config.model);
+    model->to(device);
+    spdlog::info("parameters:\n{}", parameter_table(model));
+  } else {
+    spdlog::warn("the model is not built: its weights alone take {:.2f} GB of the {:.2f} GB here",
+                 model_bytes / 1e9, *plan.target.device_memory / 1e9);
+  }
+
+  const int64_t seq_len = config.data.seq_len;
+  const int64_t parameters = config.model.parameters();
+  const double flops = training_flops_per_token(config.model, parameters, seq_len);
+  spdlog::info(
+      "training FLOPs per token: {:.2f} MFLOP = 6 N + 12 n_layers n_q_heads head_dim "
+      "seq_len (N = {}, seq_len = {})",
+      flops / 1e6, parameters, seq_len);
+  const int64_t tokens = config.data.micro_batch * config.data.grad_accum * seq_len;
+  spdlog::info(
+      "tokens per optimizer step and rank: {} = micro_batch {} x grad_accum {} x seq_len {}",
+      tokens, config.data.micro_batch, config.data.grad_accum, seq_len);
+  spdlog::info("dry run: the config is valid{}; nothing was trained",
+               built ? " and the model builds" : "");
+}
+
+}  // namespace mltrain

@@ -1,0 +1,90 @@
+#include "trainer/run/evaluation.h"
+
+#include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "data/loader.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_state_dict.h"
+#include "trainer/checkpoint/checkpoint_store.h"
+#include "trainer/machine/compute_settings.h"
+#include "trainer/machine/device.h"
+#include "trainer/machine/precision.h"
+#include "trainer/report/metrics_log.h"
+#include "trainer/run/run_data.h"
+
+namespace mltrain {
+
+Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
+                    int64_t eval_batches, c10::Device device, bool bf16,
+                    Communicator& communicator) {
+  at::NoGradGuard no_grad;
+  model->eval();
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  const int64_t batches = validation_batches(windows.num_windows(), layout, eval_batches);
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    const std::vector<int64_t> indices =
+        validation_windows(windows.num_windows(), layout, batch, communicator.rank());
+    if (indices.empty()) continue;
+    const at::Tensor window = gather_windows(windows, indices).to(device);
+    const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
+    loss_sum +=
+        window_loss(model, window, device, bf16).item<double>() * static_cast<double>(batch_tokens);
+    tokens += batch_tokens;
+  }
+  model->train();
+  const double all_tokens = communicator.all_reduce_sum(static_cast<double>(tokens));
+  const double loss = communicator.all_reduce_sum(loss_sum) / all_tokens;
+  return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
+}
+
+Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
+  // A Hugging Face directory is checked against the config by its config.json; mltrain's
+  // checkpoints by their checksums.
+  const bool hf_directory = is_hf_model_directory(weights);
+  const std::filesystem::path file = hf_directory ? weights : find_weights(weights);
+  apply_compute_settings(config.train);
+  check_tokenizer(config);
+  const c10::Device device = resolve_device(config.train.device);
+  const bool bf16 = use_bf16_autocast(config.train.precision, device);
+  const TokenWindows val_windows = open_windows(config.data.val, config, "val");
+  // The weights are held against the config before a model of it is built.
+  if (hf_directory) {
+    check_hf_model_config(config.model, file);
+  } else {
+    check_weights_can_fill(config.model, "the config's model.* keys", file);
+  }
+  Llama model(config.model);
+  if (hf_directory) {
+    load_hf_model(model, file);
+  } else {
+    load_model_weights(model, file);
+  }
+  model->to(device);
+  const auto single_rank = make_communicator(World());
+  const Evaluation evaluation =
+      evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
+               config.train.eval_batches, device, bf16, *single_rank);
+  spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
+               evaluation.perplexity, evaluation.tokens);
+  if (std::filesystem::is_directory(config.train.run_dir)) {
+    const std::filesystem::path metrics =
+        std::filesystem::path(config.train.run_dir) / "metrics.jsonl";
+    // The evaluation is done and reported: a run directory it may not write (read-only, say) only
+    // keeps it out of the record.
+    try {
+      MetricsLog(metrics).write({{"event", "eval_only"},
+                                 {"weights", file.string()},
+                                 {"val_loss", evaluation.loss},
+                                 {"val_ppl", evaluation.perplexity}});
+    } catch (const std::exception& error) {
+      spdlog::warn("the evaluation is not recorded in {}: {}", metrics.string(), error.what());
+    }
+  }
+  return evaluation;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,34 @@
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <filesystem>
+
+#include "data/sampler.h"
+#include "data/token_windows.h"
+#include "dist/communicator.h"
+#include "model/llama.h"
+#include "trainer/config/config.h"
+
+namespace mltrain {
+
+struct Evaluation {
+  double loss;        // mean next-token cross-entropy over every evaluated target, on all ranks
+  double perplexity;  // exp(loss)
+  int64_t tokens;
+};
+
+// Evaluates the model on the first `eval_batches` validation batches (0: all) in file order, the
+// same windows on every run; each rank takes its slice and the sums are combined over the ranks.
+// Gradients are off; bf16 autocast follows `bf16`.
+Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
+                    int64_t eval_batches, c10::Device device, bool bf16,
+                    Communicator& communicator);
+
+// Loads weights (a Hugging Face model directory checked against config.model, see
+// hf_checkpoint.h, or else what find_weights finds), evaluates them on the validation windows, logs
+// the loss and perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory
+// exists); writes nothing else. A single-process operation.
+Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights);
+
+}  // namespace mltrain

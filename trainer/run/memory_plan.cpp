@@ -1,0 +1,242 @@
+#include "trainer/run/memory_plan.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "common/error.h"
+#include "model/cpu_kernels.h"
+
+namespace mltrain {
+namespace {
+
+constexpr double kGB = 1e9;
+// What the process holds before training allocates: the libraries' code and data on the CPU; the
+// CUDA context, cuBLAS's workspaces and NCCL's buffers on a GPU. Estimates.
+constexpr double kCpuRuntimeBytes = 500'000'000;
+constexpr double kCudaRuntimeBytes = 1'000'000'000;
+
+// Bytes one block keeps for backward per token, as the autograd graph holds them.
+int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
+  const int64_t d = model.d_model;
+  const int64_t q = model.n_q_heads * model.head_dim;
+  // Keys and values as attention saves them: repeated to every query head where it needs that.
+  const int64_t kv = path.repeated_kv ? q : model.n_kv_heads * model.head_dim;
+  const int64_t f = model.d_ffn;
+  const int64_t statistics = 4 * (2 + model.n_q_heads);  // two norms' rstd, attention's logsumexp
+  // Both: q, k, v and the attention output, which wo reads as it is (2q + 2kv).
+  if (!path.bf16) {
+    // fp32, fused: the two norms' inputs and outputs (4d), SwiGLU's gate and up, and its output
+    // (3f). The ATen compositions keep a norm's fp32 copy of its input too (6d) and SwiGLU's
+    // silu(gate) (4f).
+    return 4 * (path.fused_layers ? 4 * d + 2 * q + 2 * kv + 3 * f
+                                  : 6 * d + 2 * q + 2 * kv + 4 * f) +
+           statistics;
+  }
+  // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d), and each product
+  // keeps its own bf16 cast of its input: three of the attention norm's output, two of the
+  // feed-forward norm's (5 x 2d); gate, up and SwiGLU's output in bf16 (3 x 2f). The ATen
+  // compositions keep the norms' fp32 copies too (2 x 4d) and silu(gate) (2f).
+  const int64_t attention = 2 * (2 * q + 2 * kv);
+  return (path.fused_layers ? 18 * d + 6 * f : 26 * d + 8 * f) + attention + statistics;
+}
+
+// Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient
+// of its output, computed in forward (8d), and each row's loss. The ATen path: the norm's input,
+// fp32 copy and output (12d; a bf16 cast of the output instead of the output itself under
+// autocast, 10d) and the log-softmax of the logits (4V).
+int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
+  const int64_t d = model.d_model;
+  if (path.chunked_loss) return 8 * d + 4;
+  return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
+}
+
+std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / kGB); }
+
+// The largest micro-batch below config's that fits `target` and divides this rank's share of the
+// global batch, so that gradient accumulation keeps the global batch as it is; none if no such
+// one fits. Memory grows with the micro-batch, so the largest that fits is found by halving, and
+// the divisors are found in pairs up to the square root: quick for any size a config can give.
+std::optional<int64_t> smaller_micro_batch(const Config& config, const PlanTarget& target) {
+  const auto fits = [&](int64_t micro_batch) {
+    Config smaller = config;
+    smaller.data.micro_batch = micro_batch;
+    return plan_memory(smaller, target).fits();
+  };
+  if (config.data.micro_batch < 2 || !fits(1)) return std::nullopt;
+  int64_t fitting = 1;  // fits; everything from `beyond` on does not
+  int64_t beyond = config.data.micro_batch;
+  while (beyond - fitting > 1) {
+    const int64_t middle = fitting + (beyond - fitting) / 2;
+    (fits(middle) ? fitting : beyond) = middle;
+  }
+  const int64_t per_rank = config.data.micro_batch * config.data.grad_accum;
+  int64_t best = 1;
+  for (int64_t divisor = 1; divisor <= per_rank / divisor; ++divisor) {
+    if (per_rank % divisor != 0) continue;
+    for (const int64_t candidate : {divisor, per_rank / divisor})
+      if (candidate <= fitting) best = std::max(best, candidate);
+  }
+  return best;
+}
+
+}  // namespace
+
+ComputePath compute_path(const Config& config, const PlanTarget& target) {
+  const bool ours = config.train.kernels == "fused" && !target.cuda;
+  return {.bf16 = target.bf16,
+          .fused_layers = ours && fused_kernels_support(at::kFloat),
+          .chunked_loss = ours,
+          .repeated_kv =
+              target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads};
+}
+
+double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                        bool activation_checkpointing) {
+  // With checkpointing each block keeps only its input, the fp32 residual stream.
+  const int64_t per_block =
+      activation_checkpointing ? 4 * model.d_model : block_bytes_per_token(model, path);
+  return static_cast<double>(tokens) *
+         static_cast<double>(model.n_layers * per_block + head_bytes_per_token(model, path));
+}
+
+double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                     bool activation_checkpointing) {
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  // Autocast caches its bf16 casts of the weights for the forward pass.
+  const double casts = path.bf16 ? 2 * count(model.parameters()) : 0;
+  // The chunked loss computes the output weight's gradient in forward, in fp32, and holds it into
+  // backward; without it backward holds the gradients of the log-softmax and of the logits, about
+  // 8 bytes per token and word of the vocabulary.
+  const double weight_gradient =
+      path.chunked_loss ? 4 * count(model.vocab_size * model.d_model) : 0;
+  const double logits = path.chunked_loss ? 0 : 8 * count(tokens) * count(model.vocab_size);
+  // Without checkpointing the products keep the casts for backward. With it the graph keeps none,
+  // and they are gone when the autocast region ends, before backward; backward holds one block's
+  // activations again while it recomputes it.
+  if (!activation_checkpointing) return casts + weight_gradient + logits;
+  return weight_gradient +
+         std::max(casts, logits + count(tokens) * count(block_bytes_per_token(model, path)));
+}
+
+bool shards_optimizer(const Config& config, int ranks) {
+  return config.dist.zero_stage == 1 && ranks > 1;
+}
+
+MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
+  const ModelConfig& model = config.model;
+  const auto ranks = static_cast<double>(target.ranks);
+  MemoryPlan plan;
+  plan.parameters = model.parameters();
+  plan.target = target;
+  plan.sharded = shards_optimizer(config, target.ranks);
+  plan.activation_checkpointing = config.train.activation_checkpointing;
+
+  const auto values = static_cast<double>(plan.parameters);
+  // Sharded, each bucket pads to a multiple of the ranks: at most ranks - 1 values a bucket, left
+  // out here.
+  const double part = std::ceil(values / ranks);
+  plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
+  // And the rotary tables, cos and sin in fp32 for each of model.max_seq_len positions.
+  plan.weights =
+      4 * values + 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
+  plan.gradients = 4 * values + (plan.sharded ? 4 * part : 0);
+  // dist.grad_dtype bf16: each bucket's bf16 copy on the wire, and its part when sharded.
+  if (config.dist.grad_dtype == "bf16" && ranks > 1)
+    plan.gradients += 2 * values + (plan.sharded ? 2 * part : 0);
+  plan.optimizer_unsharded = 8 * values;
+  plan.optimizer_sharded = 8 * part;
+  plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
+
+  const int64_t tokens = config.data.micro_batch * config.data.seq_len;
+  const ComputePath path = compute_path(config, target);
+  plan.activations_kept_all = activation_bytes(model, tokens, path, false);
+  plan.activations_checkpointed = activation_bytes(model, tokens, path, true);
+  plan.activations =
+      plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
+
+  plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
+  // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded.
+  plan.checkpoint_host = plan.optimizer_unsharded;
+  return plan;
+}
+
+std::string describe(const MemoryPlan& plan) {
+  std::string text = fmt::format(
+      "memory plan per rank ({} parameters, {} rank{} on {}, {}):\n", plan.parameters,
+      plan.target.ranks, plan.target.ranks == 1 ? "" : "s", plan.target.cuda ? "CUDA" : "the CPU",
+      plan.target.bf16 ? "bf16 autocast" : "fp32");
+  const auto line = [&](const char* part, double bytes, const std::string& note) {
+    std::string row = fmt::format("  {:<34} {:>10}   {}", part, gb(bytes), note);
+    row.erase(row.find_last_not_of(' ') + 1);
+    text += row + "\n";
+  };
+  line("runtime (libraries, buffers)", plan.runtime, "an estimate");
+  line("weights (fp32)", plan.weights, "");
+  line("gradients (fp32 buckets)", plan.gradients,
+       plan.sharded ? "and this rank's averaged part" : "");
+  line("optimizer state (AdamW moments)", plan.optimizer,
+       fmt::format("dist.zero_stage 0: {}, 1: {} at {} ranks", gb(plan.optimizer_unsharded),
+                   gb(plan.optimizer_sharded), plan.target.ranks));
+  line("activations per micro-batch", plan.activations,
+       fmt::format("train.activation_checkpointing false: {}, true: {}",
+                   gb(plan.activations_kept_all), gb(plan.activations_checkpointed)));
+  line("working (casts, logits, recompute)", plan.working, "");
+  if (plan.target.device_memory) {
+    line("total", plan.total(),
+         fmt::format("of {} per rank: {}", gb(*plan.target.device_memory),
+                     plan.fits() ? "fits" : "does NOT fit"));
+  } else {
+    line("total", plan.total(), "(the device's memory is not known)");
+  }
+  line("checkpoint save/resume (host)", plan.checkpoint_host,
+       plan.sharded ? "not in the total: rank 0 gathers the state to save it, every rank reads it "
+                      "to resume"
+                    : "not in the total: every rank reads the whole state to resume");
+  text.pop_back();  // the caller ends the last line
+  return text;
+}
+
+std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
+  if (plan.fits()) return "";
+  // Each remedy alone, then both, then the largest micro-batch that divides this rank's share of
+  // the global batch, so that gradient accumulation keeps the global batch as it is.
+  std::vector<std::string> remedies;
+  const auto fits_with = [&](const Config& changed) {
+    return plan_memory(changed, plan.target).fits();
+  };
+  Config sharded = config;
+  sharded.dist.zero_stage = 1;
+  Config checkpointed = config;
+  checkpointed.train.activation_checkpointing = true;
+  Config both = sharded;
+  both.train.activation_checkpointing = true;
+  if (!plan.sharded && plan.target.ranks > 1 && fits_with(sharded))
+    remedies.push_back("dist.zero_stage=1");
+  if (!plan.activation_checkpointing && fits_with(checkpointed))
+    remedies.push_back("train.activation_checkpointing=true");
+  if (remedies.empty() && plan.target.ranks > 1 && fits_with(both))
+    remedies.push_back("dist.zero_stage=1 with train.activation_checkpointing=true");
+  // As configured, else with both of the remedies above.
+  for (const bool with_both : {false, true}) {
+    if (const auto micro_batch = smaller_micro_batch(with_both ? both : config, plan.target)) {
+      remedies.push_back(fmt::format(
+          "{}data.micro_batch={} with data.grad_accum={}",
+          with_both ? "dist.zero_stage=1, train.activation_checkpointing=true and " : "",
+          *micro_batch, config.data.micro_batch * config.data.grad_accum / *micro_batch));
+      break;
+    }
+  }
+  return fmt::format(
+      "the memory plan needs {} per rank but a rank has {}: {} (see --dry-run for the plan)",
+      gb(plan.total()), gb(*plan.target.device_memory),
+      remedies.empty() ? std::string("nothing in the config makes it fit: more ranks with "
+                                     "dist.zero_stage=1, or a smaller model")
+                       : "it would fit with " + fmt::format("{}", fmt::join(remedies, ", or ")));
+}
+
+}  // namespace mltrain

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/model_config.h"
+#include "trainer/config/config.h"
+
+namespace mltrain {
+
+// Where a plan is for: how many ranks, on which kind of device, in which precision, and one
+// rank's share of the device's memory when known.
+struct PlanTarget {
+  int ranks = 1;
+  bool cuda = false;
+  bool bf16 = false;
+  std::optional<double> device_memory;  // bytes
+};
+
+// What one rank of a run will hold, in bytes, counted from the config before anything is
+// allocated. Bytes are counted in double: a config that a slip makes absurd (data.micro_batch in
+// the quintillions) is planned, shown and refused like any other, instead of overflowing. The
+// weights, gradients and optimizer state are closed forms that the tests hold against the tensors;
+// the activations and working memory, closed forms of what the autograd graph keeps, which the
+// tests hold against the bytes the CPU allocator hands out on both of the CPU's paths (mltrain's
+// kernels, and the ATen compositions that CUDA runs too); on CUDA they are estimates that no GPU
+// has checked yet.
+struct MemoryPlan {
+  int64_t parameters = 0;
+  PlanTarget target;
+  bool sharded = false;  // dist.zero_stage 1
+  bool activation_checkpointing = false;
+  double runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
+  double weights = 0;    // fp32 master weights, and the rotary tables
+  double gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
+  double optimizer = 0;  // AdamW's two moments at the configured zero_stage
+  double optimizer_unsharded = 0;       // the same at zero_stage 0
+  double optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
+  double activations = 0;               // kept for backward, per micro-batch, as configured
+  double activations_kept_all = 0;      // without activation checkpointing
+  double activations_checkpointed = 0;  // with it
+  double working = 0;                   // working_bytes
+  // Host memory that saving and resuming a checkpoint take for a moment, outside the total.
+  double checkpoint_host = 0;
+
+  double total() const { return runtime + weights + gradients + optimizer + activations + working; }
+  bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
+};
+
+// How a run computes, as far as its memory goes.
+struct ComputePath {
+  bool bf16 = false;
+  // mltrain's fused CPU layers (train.kernels fused on a CPU that runs them); else the ATen
+  // compositions, as on CUDA.
+  bool fused_layers = true;
+  // mltrain's chunked loss (train.kernels fused on the CPU); else the whole logits.
+  bool chunked_loss = true;
+  bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
+};
+ComputePath compute_path(const Config& config, const PlanTarget& target);
+
+// The bytes the autograd graph of one micro-batch of `tokens` tokens (micro_batch x seq_len) keeps
+// for backward: every block's saved inputs of its products, norms, attention and SwiGLU, and the
+// loss's; with checkpointing, each block's input alone.
+double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                        bool activation_checkpointing);
+
+// Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
+// than one rank (one rank has nothing to share the state with).
+bool shards_optimizer(const Config& config, int ranks);
+
+// The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
+// chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block.
+double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
+                     bool activation_checkpointing);
+
+// The plan of a run of `config` on `target`.
+MemoryPlan plan_memory(const Config& config, const PlanTarget& target);
+
+// The plan as a table for the log: each part, with and without ZeRO-1 and checkpointing, the
+// total against the device's memory.
+std::string describe(const MemoryPlan& plan);
+
+// Why the plan does not fit its device's memory, and what would make it fit: ZeRO-1, activation
+// checkpointing, a smaller micro-batch with more accumulation; empty when it fits.
+std::string memory_shortfall(const MemoryPlan& plan, const Config& config);
+
+}  // namespace mltrain

@@ -1,0 +1,561 @@
+#include "trainer/run/training_run.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "common/atomic_file.h"
+#include "common/directory_lock.h"
+#include "common/error.h"
+#include "common/input_file.h"
+#include "data/loader.h"
+#include "dist/grad_reducer.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_state_dict.h"
+#include "trainer/checkpoint/checkpoint_store.h"
+#include "trainer/machine/compute_settings.h"
+#include "trainer/machine/device.h"
+#include "trainer/machine/precision.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/optim/lr_schedule.h"
+#include "trainer/optim/sharded_adamw.h"
+#include "trainer/report/loss_plot.h"
+#include "trainer/report/metrics_log.h"
+#include "trainer/run/evaluation.h"
+#include "trainer/run/memory_plan.h"
+#include "trainer/run/run_data.h"
+#include "trainer/run/run_schedule.h"
+#include "trainer/run/stop_signal.h"
+#include "trainer/run/train_step.h"
+
+namespace mltrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+double seconds_since(Clock::time_point start) { return seconds_between(start, Clock::now()); }
+
+std::string duration_text(double seconds) {
+  const auto total = static_cast<int64_t>(std::lround(seconds));
+  if (total >= 3600) return fmt::format("{}h{:02d}m", total / 3600, total % 3600 / 60);
+  return fmt::format("{}m{:02d}s", total / 60, total % 60);
+}
+
+// Copies device values to the host, which on CUDA waits for the device's queue to drain. Recorded
+// as "mltrain::read_device" for profilers, and for the test that steps which do not log or
+// checkpoint never read.
+at::Tensor read_to_host(const at::Tensor& values) {
+  RECORD_FUNCTION("mltrain::read_device", std::vector<c10::IValue>());
+  return values.to(at::kCPU).contiguous();
+}
+
+// What one optimizer step saw and did. The loss and the gradient norm stay on the device until
+// the host reads them, at the steps that log or checkpoint: on CUDA every read waits for the
+// device's queue to drain, and a step that reads stalls the GPU while the host catches up.
+struct StepResult {
+  int64_t step = 0;
+  at::Tensor loss;       // averaged over the ranks
+  at::Tensor grad_norm;  // before clipping
+  double lr = 0.0;
+  // Host wall time: waiting for the loader, in forward and backward (with the gradient
+  // all-reduce), and in the clip and the optimizer step. On the CPU that is the time the work
+  // took; on CUDA only the time to enqueue it, so the metrics give these on the CPU alone.
+  double data_ms = 0.0;
+  double forward_backward_ms = 0.0;
+  double optimizer_ms = 0.0;
+};
+
+// A step's loss and gradient norm, read by the host, and the mean wall time of the steps read
+// with it: on CUDA a step's own host time is only the time to enqueue it.
+struct StepValues {
+  double loss;
+  double grad_norm;
+  double seconds_per_step;
+};
+
+// Whether this process's parent is an mpirun (Open MPI's, or another's by its name): the process
+// that stops every rank at once. Under srun, or on a node of its own, the parent is another.
+bool launched_by_mpirun() {
+  std::string parent;
+  try {
+    parent = read_text_file(fmt::format("/proc/{}/comm", ::getppid()), "kernel file");
+  } catch (const std::exception&) {
+    return false;
+  }
+  parent = parent.substr(0, parent.find('\n'));
+  return parent == "mpirun" || parent == "mpiexec" || parent == "orterun" || parent == "prterun";
+}
+
+// model.init_from: a fresh run's weights come from a Hugging Face directory whose config.json
+// matches the model.
+void check_init_from(const std::string& directory, const ModelConfig& model) {
+  if (!is_hf_model_directory(directory)) {
+    throw UserError(fmt::format(
+        "model.init_from {}: not a Hugging Face model directory (config.json with "
+        "model.safetensors or model.safetensors.index.json, as save_pretrained writes them)",
+        directory));
+  }
+  check_hf_model_config(model, directory);
+}
+
+void load_init_from(Llama& model, const std::string& directory) {
+  check_init_from(directory, model->config());
+  load_hf_model(model, directory);
+  spdlog::info("starting from the weights of {} (model.init_from)", directory);
+}
+
+// One training run, from set-up to the last step.
+class TrainingRun {
+ public:
+  TrainingRun(const Config& config, const std::string& resume, const World& world,
+              const TrainingHooks& hooks);
+  void run();
+
+ private:
+  void agree_across_ranks();
+  void announce();
+  StepResult train_step(int64_t step);
+  at::Tensor accumulate_gradients();
+  void record_step(const StepResult& result);
+  StepValues read_steps();
+  void count_skipped_step(int64_t step, const StepValues& values);
+  void log_step(const StepResult& result, const StepValues& values);
+  void evaluate_now(int64_t step);
+  std::filesystem::path save_checkpoint();
+  bool any_rank_asked_to_stop();
+  void settle_stop_vote();
+
+  const Config& config_;
+  const World& world_;
+  const TrainingHooks& hooks_;
+  const bool leader_;  // rank 0 writes the run directory
+  // Rank 0's, taken first: a second run on the directory stops before anything is done.
+  const std::unique_ptr<DirectoryLock> run_dir_lock_;
+  const c10::Device device_;
+  const PrecisionChoice precision_;
+  const BatchLayout layout_;
+  std::unique_ptr<Communicator> communicator_;
+  TokenWindows train_windows_;
+  TokenWindows val_windows_;
+  std::filesystem::path run_dir_;
+  CheckpointStore checkpoints_;
+  Llama model_{nullptr};
+  std::vector<at::Tensor> parameters_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<MetricsLog> metrics_;
+  TrainingProgress progress_;
+  std::optional<RunSchedule> schedule_;  // known once the resumed step is
+  int64_t tokens_per_step_ = 0;
+  double flops_per_token_ = 0.0;
+  Clock::time_point start_;
+  double timed_seconds_ = 0.0;  // wall time of the steps after the run's first (its warm-up)
+  int64_t timed_steps_ = 0;
+  Clock::time_point unread_since_;  // when the first of the unread steps started
+  std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
+  int64_t bad_steps_in_a_row_ = 0;
+  std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
+};
+
+TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
+                         const TrainingHooks& hooks)
+    : config_(config),
+      world_(world),
+      hooks_(hooks),
+      leader_(world.rank == 0),
+      run_dir_lock_(leader_
+                        ? std::make_unique<DirectoryLock>(
+                              config.train.run_dir, DirectoryLock::Names{.lock_file = "run.lock",
+                                                                         .owner = "training run",
+                                                                         .setting = "train.run_dir",
+                                                                         .keep_lock_file = true})
+                        : nullptr),
+      device_(rank_device(config.train.device, world)),
+      precision_(precision_on_this_machine(config.train.precision, device_)),
+      layout_{config.data.micro_batch, config.data.grad_accum, world.size},
+      communicator_(make_communicator(world, device_, config.dist.backend,
+                                      static_cast<double>(config.dist.timeout_s))),
+      train_windows_(open_windows(config.data.train, config, "train")),
+      val_windows_(open_windows(config.data.val, config, "val")),
+      run_dir_(config.train.run_dir),
+      checkpoints_(run_dir_) {
+  check_batch_fits(layout_, train_windows_);
+  tokens_per_step_ = layout_.global_batch() * config.data.seq_len;
+  check_tokenizer(config);
+  // Before anything large is allocated: a run that cannot fit stops here, saying what would fit.
+  const MemoryPlan memory_plan = plan_memory(
+      config, {.ranks = world.size,
+               .cuda = device_.is_cuda(),
+               .bf16 = precision_.bf16,
+               .device_memory = static_cast<double>(memory_per_rank(device_, world.local_size))});
+  if (leader_) spdlog::info("{}", describe(memory_plan));
+  const std::string shortfall = memory_shortfall(memory_plan, config);
+  // All ranks stop or none: one rank that stopped alone would leave the others waiting for it.
+  if (communicator_->all_reduce_sum(shortfall.empty() ? 0.0 : 1.0) > 0) {
+    const std::string why =
+        shortfall.empty() ? "another rank's memory plan does not fit its memory" : shortfall;
+    if (config.train.check_memory)
+      throw UserError(why + "; train.check_memory=false starts it all the same");
+    spdlog::warn("{}", why);
+  }
+  // A run that is surely fresh checks where its weights come from before it makes anything.
+  if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
+  if (leader_) checkpoints_.prepare_for_saving();  // its temporaries no other run owns: the lock
+  at::manual_seed(config.data.seed);
+  model_ = Llama(config.model);
+  model_->to(device_);
+  model_->set_activation_checkpointing(config.train.activation_checkpointing);
+  parameters_ = model_->parameters();
+  flops_per_token_ =
+      training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
+  // The reducer comes first: sharded, it moves the parameters into its buckets, whose parts the
+  // optimizer then holds.
+  const bool sharded = shards_optimizer(config, world.size);
+  if (config.dist.zero_stage == 1 && !sharded)
+    spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
+  reducer_ = std::make_unique<GradReducer>(
+      parameters_, *communicator_,
+      ReducerOptions{.bucket_mb = config.dist.bucket_mb,
+                     .overlap = overlap_all_reduce(config.dist.overlap, device_),
+                     .compress_bf16 = config.dist.grad_dtype == "bf16" && world.size > 1,
+                     .shard = sharded});
+  const AdamWOptions adamw{config.optim.beta1, config.optim.beta2, config.optim.eps,
+                           config.optim.weight_decay};
+  if (sharded) {
+    optimizer_ = std::make_unique<ShardedAdamW>(hf_named_parameters(model_), *reducer_,
+                                                *communicator_, adamw);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_), adamw);
+  }
+  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) {
+    progress_ = *resumed;
+    if (!config.init_from.empty()) {
+      spdlog::info(
+          "model.init_from ({}) is not used: a resumed run continues from its checkpoint's "
+          "weights",
+          config.init_from);
+    }
+  } else if (!config.init_from.empty()) {
+    // Every rank loads and checks the directory, so that a bad one fails on all of them alike;
+    // rank 0's weights are broadcast below all the same.
+    load_init_from(model_, config.init_from);
+  }
+  schedule_.emplace(config.train, progress_.step);
+  agree_across_ranks();
+  loader_ = std::make_unique<Loader>(
+      train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,
+      progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
+  if (leader_) {
+    write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
+    metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
+  }
+}
+
+// Every rank must train the same model on the same config: rank 0's weights are broadcast, and
+// the configs are compared by hash.
+void TrainingRun::agree_across_ranks() {
+  if (world_.size == 1) return;
+  const std::string yaml = config_to_yaml(config_);
+  const at::Tensor config_bytes =
+      at::from_blob(const_cast<char*>(yaml.data()), {static_cast<int64_t>(yaml.size())}, at::kByte);
+  if (!same_on_all_ranks({config_bytes}, *communicator_)) {
+    throw UserError(
+        "the ranks were given different configs: start every rank with the same file and --set");
+  }
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& parameter : parameters_) communicator_->broadcast(parameter, 0);
+  if (!same_on_all_ranks(parameters_, *communicator_)) {
+    throw std::runtime_error("the ranks' weights differ after rank 0's were broadcast");
+  }
+  spdlog::info("{} ranks agree on the config; rank 0's {} weights broadcast", world_.size,
+               model_->num_parameters());
+}
+
+void TrainingRun::announce() {
+  const int64_t max_steps = schedule_->max_steps();
+  spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {}",
+               model_->num_parameters(), flops_per_token_ / 1e6, world_.size,
+               describe_device(device_));
+  log_precision(precision_);
+  spdlog::info("optimizer: AdamW, {:.1f} MB of state on this rank{}",
+               static_cast<double>(optimizer_->state_bytes()) / 1e6,
+               shards_optimizer(config_, world_.size)
+                   ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
+                   : "");
+  spdlog::info(
+      "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
+      "training data",
+      max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
+      static_cast<double>(max_steps) * static_cast<double>(layout_.global_batch()) /
+          static_cast<double>(train_windows_.num_windows()));
+  // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
+  // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
+  if (launched_by_mpirun()) {
+    spdlog::info(
+        "to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 {}): it forwards it to "
+        "every rank, where Ctrl-C on mpirun kills them before they can save "
+        "(launch/local_ranks.sh turns Ctrl-C into SIGUSR1)",
+        ::getppid());
+  }
+  if (leader_) {
+    metrics_->write({{"event", "start"},
+                     {"step", progress_.step},
+                     {"max_steps", max_steps},
+                     {"parameters", model_->num_parameters()},
+                     {"tokens_per_step", tokens_per_step_},
+                     {"world_size", world_.size},
+                     {"optimizer_state_bytes", optimizer_->state_bytes()},
+                     {"device", describe_device(device_)}});
+  }
+}
+
+void TrainingRun::run() {
+  if (!schedule_->keep_going(progress_.step)) {
+    spdlog::info(
+        "nothing to train: the run is at step {} and ends at step {} ({}); raise it to "
+        "train on",
+        progress_.step, schedule_->last_step(),
+        schedule_->stops_early() ? "train.stop_at" : "train.max_steps");
+    return;
+  }
+  announce();
+  install_stop_handlers();
+  start_ = Clock::now();
+  while (schedule_->keep_going(progress_.step)) {
+    const int64_t step = progress_.step + 1;
+    if (unread_.empty()) unread_since_ = Clock::now();
+    unread_.push_back(train_step(step));
+    record_step(unread_.back());
+    const bool stopping = any_rank_asked_to_stop();
+    if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
+      const StepResult result = unread_.back();
+      const StepValues values = read_steps();
+      if (schedule_->log_now(step)) log_step(result, values);
+    }
+    if (schedule_->evaluate_now(step)) evaluate_now(step);
+    if (stopping) {
+      const auto path = save_checkpoint();
+      settle_stop_vote();
+      spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
+                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
+                   step, path.string());
+      return;
+    }
+    if (schedule_->checkpoint_now(step)) save_checkpoint();
+  }
+  settle_stop_vote();
+  if (schedule_->stops_early()) {
+    spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
+                 schedule_->last_step());
+    return;
+  }
+  spdlog::info("trained {} steps in {}", schedule_->max_steps() - schedule_->first_step() + 1,
+               duration_text(seconds_since(start_)));
+  if (!leader_) return;
+  // A picture is a convenience: it never fails a run that trained.
+  try {
+    draw_loss_curve(run_dir_);
+  } catch (const std::exception& error) {
+    spdlog::warn("no loss curve: {}", error.what());
+  }
+}
+
+// Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
+// rate, unless the step went non-finite. Nothing here waits for the device.
+StepResult TrainingRun::train_step(int64_t step) {
+  const double waited_before = loader_->waited_seconds();
+  const Clock::time_point started = Clock::now();
+  StepResult result;
+  result.step = step;
+  result.loss = accumulate_gradients();
+  const Clock::time_point accumulated = Clock::now();
+  result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
+  result.forward_backward_ms = seconds_between(started, accumulated) * 1e3 - result.data_ms;
+  if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
+  result.grad_norm = optimizer_->clip_gradients(config_.optim.grad_clip);
+  result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
+  // A non-finite loss or gradient would poison the weights and the moments for good: the update
+  // is skipped, on the device. Every rank sees the same averaged loss and gradients, so all skip
+  // together; read_steps() counts the skipped steps when it reads them.
+  const at::Tensor skip =
+      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
+  optimizer_->step(result.lr, skip);
+  reducer_->gather_parameters();  // sharded: every rank's updated part to every rank
+  reducer_->zero_grad();
+  result.optimizer_ms = seconds_since(accumulated) * 1e3;
+  return result;
+}
+
+// Forward and backward over the step's micro-batches; only the last one's backward communicates.
+// Returns the step's loss averaged over the ranks, on the device.
+at::Tensor TrainingRun::accumulate_gradients() {
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
+  for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
+    reducer_->set_sync(micro + 1 == layout_.grad_accum);
+    const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
+    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, precision_.bf16);
+  }
+  reducer_->finish();
+  // Averaged in double, so that the ranks' sum rounds as little as a host sum would.
+  at::Tensor loss = loss_sum.to(at::kDouble);
+  communicator_->all_reduce_average(loss)->wait();
+  return loss;
+}
+
+void TrainingRun::record_step(const StepResult& result) {
+  progress_.step = result.step;
+  progress_.samples_consumed += layout_.global_batch();
+  progress_.tokens_seen += tokens_per_step_;
+  progress_.learning_rate = result.lr;
+}
+
+// Reads the losses and gradient norms of the steps not read yet, in one copy from the device, and
+// counts the skipped ones. Returns the last step's.
+StepValues TrainingRun::read_steps() {
+  std::vector<at::Tensor> device_values;
+  for (const StepResult& result : unread_) {
+    device_values.push_back(result.loss);
+    device_values.push_back(result.grad_norm.to(at::kDouble));
+  }
+  const at::Tensor values = read_to_host(at::stack(device_values));
+  const double seconds = seconds_since(unread_since_);
+  const double* value = values.data_ptr<double>();
+  const std::vector<StepResult> steps = std::exchange(unread_, {});
+  if (steps.front().step > schedule_->first_step()) {
+    timed_seconds_ += seconds;
+    timed_steps_ += static_cast<int64_t>(steps.size());
+  }
+  StepValues last{};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    last = {value[2 * i], value[2 * i + 1], seconds / static_cast<double>(steps.size())};
+    if (std::isfinite(last.loss) && std::isfinite(last.grad_norm)) {
+      bad_steps_in_a_row_ = 0;
+    } else {
+      count_skipped_step(steps[i].step, last);
+    }
+  }
+  return last;
+}
+
+// train.max_bad_steps non-finite steps in a row stop the run: the data or the settings are bad.
+void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
+  ++bad_steps_in_a_row_;
+  spdlog::warn(
+      "step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
+      "train.max_bad_steps = {})",
+      step, values.loss, values.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
+  if (leader_)
+    metrics_->write({{"step", step},
+                     {"skipped", true},
+                     {"loss", values.loss},
+                     {"grad_norm", values.grad_norm}});
+  if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
+  const auto latest = checkpoints_.latest();
+  throw std::runtime_error(fmt::format(
+      "{} non-finite steps in a row: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
+      latest ? latest->string() : "none (no checkpoint was saved yet)"));
+}
+
+void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
+  const int64_t step = result.step;
+  const double tokens_per_s = tokens_per_step_ / values.seconds_per_step;
+  const double flops = flops_per_token_ * tokens_per_s;
+  const double peak_flops = peak_bf16_flops(device_) * world_.size;
+  const double mean_step = timed_steps_ > 0 ? timed_seconds_ / static_cast<double>(timed_steps_)
+                                            : values.seconds_per_step;
+  const auto steps_left = static_cast<double>(schedule_->last_step() - step);
+  const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
+                                           : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
+  spdlog::info(
+      "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
+      "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
+      step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm,
+      values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed,
+      peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
+  if (leader_) {
+    nlohmann::json record = {{"step", step},
+                             {"loss", values.loss},
+                             {"lr", result.lr},
+                             {"grad_norm", values.grad_norm},
+                             {"step_ms", values.seconds_per_step * 1e3},
+                             {"data_ms", result.data_ms},
+                             {"tokens_per_s", tokens_per_s},
+                             {"flops_per_s", flops},
+                             {"peak_memory_bytes", peak_memory_bytes(device_)},
+                             {"elapsed_s", seconds_since(start_)}};
+    if (device_.is_cpu()) {
+      record["forward_backward_ms"] = result.forward_backward_ms;
+      record["optimizer_ms"] = result.optimizer_ms;
+    }
+    metrics_->write(record);
+  }
+}
+
+void TrainingRun::evaluate_now(int64_t step) {
+  const Evaluation evaluation = evaluate(model_, val_windows_, layout_, config_.train.eval_batches,
+                                         device_, precision_.bf16, *communicator_);
+  progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
+  spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
+               evaluation.perplexity, evaluation.tokens);
+  if (leader_) {
+    metrics_->write(
+        {{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
+  }
+}
+
+// Rank 0 writes; the others wait for it, so that no rank runs ahead of a checkpoint. First the
+// ranks check that they still hold the same weights, as data parallelism promises.
+std::filesystem::path TrainingRun::save_checkpoint() {
+  if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
+    throw std::runtime_error(fmt::format(
+        "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
+  }
+  // Every rank takes part in gathering a sharded state; rank 0 gets it.
+  const OptimizerState optimizer_state = optimizer_->state();
+  std::filesystem::path path;  // known to rank 0, the one that reports it
+  if (leader_) {
+    path = checkpoints_.save(model_, optimizer_state, progress_, config_, world_.size,
+                             hooks_.during_checkpoint_write);
+    spdlog::info("checkpoint: {}", path.string());
+  }
+  communicator_->all_reduce_sum(0.0);
+  return path;
+}
+
+// A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
+// agree at step boundaries, so that all of them checkpoint and stop together. Each step's vote is
+// collected at the end of the next step, so that no rank waits for the others at every step: a
+// signal stops the run one step after it arrives.
+bool TrainingRun::any_rank_asked_to_stop() {
+  const bool stop = stop_vote_ != nullptr && stop_vote_->wait() > 0;
+  stop_vote_ = communicator_->start_all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0);
+  return stop;
+}
+
+// Every rank takes part in the last vote before the run ends.
+void TrainingRun::settle_stop_vote() {
+  if (stop_vote_ != nullptr) std::exchange(stop_vote_, nullptr)->wait();
+}
+
+}  // namespace
+
+void train(const Config& config, const std::string& resume, const World& world,
+           const TrainingHooks& hooks) {
+  apply_compute_settings(config.train);
+  TrainingRun(config, resume, world, hooks).run();
+}
+
+}  // namespace mltrain
