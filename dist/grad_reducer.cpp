@@ -21,47 +21,24 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
-                         ReducerOptions options)
+GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketLayout> buckets,
+                         Communicator& communicator, ReducerOptions options)
     : parameters_(std::move(parameters)),
       grad_views_(parameters_.size()),
       bucket_of_(parameters_.size()),
       communicator_(communicator),
       options_(options) {
-  // Assign parameters to buckets, last registered first.
-  int64_t capacity = static_cast<int64_t>(options_.first_bucket_mb * (1 << 20));
-  int64_t filled = 0;
-  std::vector<std::vector<size_t>> members(1);
-  for (size_t i = parameters_.size(); i-- > 0;) {
-    const int64_t bytes = parameters_[i].numel() * parameters_[i].element_size();
-    if (!members.back().empty() && filled + bytes > capacity) {
-      members.emplace_back();
-      filled = 0;
-      capacity = static_cast<int64_t>(options_.bucket_mb * (1 << 20));
-    }
-    members.back().push_back(i);
-    filled += bytes;
-  }
   at::NoGradGuard no_grad;
-  for (size_t b = 0; b < members.size(); ++b) {
+  for (BucketLayout& layout : buckets) {
+    const size_t b = buckets_.size();
     Bucket bucket;
-    int64_t elements = 0;
-    for (const size_t i : members[b]) {
-      bucket.offsets.push_back(elements);
-      elements += parameters_[i].numel();
-    }
-    if (options_.shard) {  // every rank's part equally long; the padding stays zero
-      const int64_t ranks = communicator_.size();
-      elements = (elements + ranks - 1) / ranks * ranks;
-    }
-    bucket.buffer = at::zeros({elements}, parameters_[members[b].front()].options());
-    for (size_t k = 0; k < members[b].size(); ++k) {
-      const size_t i = members[b][k];
+    bucket.buffer = at::zeros({layout.elements}, parameters_.at(layout.members.front()).options());
+    for (size_t k = 0; k < layout.members.size(); ++k) {
+      const size_t i = layout.members[k];
       if (parameters_[i].grad().defined()) {
         throw std::invalid_argument("GradReducer must be set up before the first backward");
       }
-      grad_views_[i] = bucket.buffer.narrow(0, bucket.offsets[k], parameters_[i].numel())
-                           .view(parameters_[i].sizes());
+      grad_views_[i] = layout.member_view(bucket.buffer, k, parameters_[i].sizes());
       parameters_[i].mutable_grad() = grad_views_[i];
       bucket_of_[i] = b;
       torch::autograd::impl::set_post_acc_grad_hooks(
@@ -69,36 +46,16 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, Communicator& commu
     }
     if (options_.compress_bf16)
       bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
-    bucket.parameters = members[b];
-    bucket.pending = members[b].size();
+    if (options_.scatter) {
+      averaged_parts_.push_back(
+          at::zeros({layout.part_elements(communicator_.size())}, bucket.buffer.options()));
+      if (options_.compress_bf16)
+        bucket.wire_part = at::empty_like(averaged_parts_.back(), bucket.wire.options());
+    }
+    bucket.pending = layout.members.size();
+    bucket.layout = std::move(layout);
     buckets_.push_back(std::move(bucket));
-    if (options_.shard) shard_bucket(b);
   }
-}
-
-// Moves the bucket's parameters into one flat tensor of the bucket's layout and notes this rank's
-// part of it.
-void GradReducer::shard_bucket(size_t b) {
-  Bucket& bucket = buckets_[b];
-  BucketShard shard;
-  shard.bucket = at::zeros_like(bucket.buffer);
-  for (size_t k = 0; k < bucket.parameters.size(); ++k) {
-    const size_t i = bucket.parameters[k];
-    shard.members.push_back({i, bucket.offsets[k]});
-    const at::Tensor place = shard.bucket.narrow(0, bucket.offsets[k], parameters_[i].numel())
-                                 .view(parameters_[i].sizes());
-    place.copy_(parameters_[i]);
-    // The parameter keeps its identity (the model, autograd and the optimizer hold it), and its
-    // values now live in the bucket.
-    parameters_[i].set_data(place);
-  }
-  shard.elements = part_numel(bucket.buffer, communicator_.size());
-  shard.begin = communicator_.rank() * shard.elements;
-  shard.parameters = shard.bucket.narrow(0, shard.begin, shard.elements);
-  shard.gradients = at::zeros({shard.elements}, bucket.buffer.options());
-  if (options_.compress_bf16)
-    bucket.wire_part = at::empty_like(shard.gradients, bucket.wire.options());
-  shards_.push_back(std::move(shard));
 }
 
 GradReducer::~GradReducer() {
@@ -148,8 +105,8 @@ void GradReducer::launch_next_bucket() {
   Bucket& bucket = buckets_[b];
   if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
   const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
-  if (options_.shard) {
-    const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : shards_[b].gradients;
+  if (options_.scatter) {
+    const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : averaged_parts_[b];
     bucket.work = communicator_.reduce_scatter_average(sent, part);
   } else {
     bucket.work = communicator_.all_reduce_average(sent);
@@ -171,31 +128,15 @@ void GradReducer::finish() {
     bucket.work->wait();
     bucket.work.reset();
     if (options_.compress_bf16) {
-      if (options_.shard) {
-        shards_[b].gradients.copy_(bucket.wire_part);
+      if (options_.scatter) {
+        averaged_parts_[b].copy_(bucket.wire_part);
       } else {
         bucket.buffer.copy_(bucket.wire);
       }
     }
-    bucket.pending = bucket.parameters.size();
+    bucket.pending = bucket.layout.members.size();
   }
   next_to_launch_ = 0;
-}
-
-void GradReducer::gather_parameters() {
-  // A parameter whose storage was replaced (set_data, a module's to()) would no longer see its
-  // bucket, and every rank would train on stale weights alike. (A module that swaps in another
-  // parameter tensor altogether is beyond this check: the reducer still holds the old one.)
-  for (const BucketShard& shard : shards_) {
-    const auto* first = static_cast<const char*>(shard.bucket.data_ptr());
-    for (const Member& member : shard.members) {
-      const void* place = first + member.offset * shard.bucket.element_size();
-      if (parameters_[member.parameter].data_ptr() != place)
-        throw std::logic_error("a sharded parameter no longer lives in its bucket");
-    }
-  }
-  // One bucket at a time, as finish() reduces them.
-  for (const BucketShard& shard : shards_) communicator_.all_gather(shard.bucket)->wait();
 }
 
 void GradReducer::zero_grad() {

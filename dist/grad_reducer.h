@@ -9,63 +9,41 @@
 #include <string>
 #include <vector>
 
+#include "dist/bucket_layout.h"
 #include "dist/communicator.h"
 
 namespace mltrain {
 
-// Averages gradients over the ranks while backward runs, as PyTorch's DDP reducer does.
-// Parameters are packed, in reverse registration order (roughly the order backward produces their
-// gradients), into flat buckets: the first of about first_bucket_mb so that communication starts
-// early, the rest of about bucket_mb. Each parameter's .grad is a view into its bucket, so
-// backward accumulates straight into the buffer that is all-reduced: no copies. A hook after each
-// parameter's gradient accumulation counts the bucket down; when a bucket is complete it is
-// all-reduced at once (overlap) and in bucket order on every rank, while backward goes on.
+// Averages gradients over the ranks while backward runs, as PyTorch's DDP reducer does. It owns
+// the gradients and never the parameters. The gradients lie in flat buckets (bucket_layout.h): each
+// parameter's .grad is a view into its bucket, so backward accumulates straight into the buffer
+// that is reduced, with no copies. A hook after each parameter's gradient accumulation counts its
+// bucket down; a complete bucket is launched at once (overlap), strictly in bucket order on every
+// rank, while backward goes on.
+//
 // Anything that replaces a .grad instead of accumulating into it (Module::zero_grad(), which
 // leaves it undefined; a sparse gradient; backward with create_graph, which accumulates out of
 // place) would have the bucket averaged while the optimizer reads the local gradient, and the
 // ranks would drift apart. As in DDP's reducer, the same hook and finish() check that each .grad
 // is still its bucket view and, where not, copy the gradient into the bucket and restore the view.
 //
-// Sharded (ZeRO-1, as llm.c and DeepSpeed's stage 1 do it): each bucket is cut into one equal part
-// per rank (padded with zeros to a multiple of the ranks), and is reduce-scattered instead of
-// all-reduced, so that each rank receives the average of its own part only. The parameters move
-// into flat buckets of the same layout (each parameter becomes a view into its bucket), so that
-// each rank can update its part of every bucket in place and gather_parameters() can all-gather
-// the buckets back into the model with no copies.
+// All-reduced, every .grad ends as the average over the ranks. Scattered (ZeRO-1), each bucket is
+// reduce-scattered instead, and each rank receives the average of its own part of each bucket
+// only (averaged_parts()); its .grad keep its own, unaveraged, gradients.
 struct ReducerOptions {
-  double bucket_mb = 25.0;
-  double first_bucket_mb = 1.0;  // small, so that the first collective starts early in backward
-  bool overlap = true;           // launch each bucket as soon as its gradients are complete
-  bool compress_bf16 = false;    // buckets travel as bf16 (half the bytes), averaged in bf16
-  bool shard = false;            // ZeRO-1: reduce-scatter, each rank keeps its part
+  bool overlap = true;         // launch each bucket as soon as its gradients are complete
+  bool compress_bf16 = false;  // buckets travel as bf16 (half the bytes), averaged in bf16
+  bool scatter = false;        // reduce-scatter: each rank receives its part of each bucket
 };
 
 class GradReducer {
  public:
-  GradReducer(std::vector<at::Tensor> parameters, Communicator& communicator,
-              ReducerOptions options);
+  // `buckets` lays out `parameters` (assign_buckets), with one part per rank when scattered.
+  GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketLayout> buckets,
+              Communicator& communicator, ReducerOptions options);
   ~GradReducer();
-
-  // Where one parameter lies in its bucket.
-  struct Member {
-    size_t parameter;  // index into the reducer's parameter list
-    int64_t offset;    // first element in the bucket
-  };
-  // This rank's part of one bucket, when sharded.
-  struct BucketShard {
-    std::vector<Member> members;  // the bucket's parameters
-    int64_t begin = 0;            // first element of this rank's part in the bucket
-    int64_t elements = 0;         // of the part (every rank's part is as long)
-    at::Tensor parameters;        // the part of the flat parameters: update it in place
-    at::Tensor gradients;         // the average of the part's gradients, after finish()
-    at::Tensor bucket;            // the whole flat parameters of the bucket
-  };
-  // One per bucket, in the order of the buckets; empty unless sharded.
-  const std::vector<BucketShard>& shards() const { return shards_; }
-  const std::vector<at::Tensor>& parameters() const { return parameters_; }
-
-  // Sharded: copies every rank's updated part of the parameters to every rank, and waits for it.
-  void gather_parameters();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
 
   // Whether the coming backward communicates: off for the micro-steps of gradient accumulation
   // before the last one (their gradients only accumulate locally).
@@ -78,17 +56,20 @@ class GradReducer {
   // Zeroes the gradients in place (they must stay views into the buckets).
   void zero_grad();
 
+  // Scattered: this rank's part of each bucket's averaged gradient, in the order of the buckets,
+  // once finish() has returned; empty when all-reducing.
+  const std::vector<at::Tensor>& averaged_parts() const { return averaged_parts_; }
+
   // How many gradients were found replaced and copied back into their buckets.
   int64_t gradients_copied_in() const { return copied_in_; }
 
  private:
   struct Bucket {
-    at::Tensor buffer;               // flat gradients of its parameters
-    std::vector<size_t> parameters;  // indices into the reducer's parameter list
-    std::vector<int64_t> offsets;    // each parameter's first element in buffer
-    size_t pending = 0;              // gradients still to arrive in this backward
-    at::Tensor wire;                 // bf16 twin all-reduced in place of buffer, when compressing
-    at::Tensor wire_part;            // bf16 twin of this rank's part, when compressing and sharded
+    BucketLayout layout;
+    at::Tensor buffer;     // flat gradients of its parameters
+    size_t pending = 0;    // gradients still to arrive in this backward
+    at::Tensor wire;       // bf16 twin reduced in place of buffer, when compressing
+    at::Tensor wire_part;  // bf16 twin of this rank's part, when compressing and scattering
     std::unique_ptr<CollectiveWork> work;
   };
 
@@ -97,13 +78,12 @@ class GradReducer {
   void mark_ready(size_t parameter);
   void launch_ready_buckets();
   void launch_next_bucket();
-  void shard_bucket(size_t bucket);
 
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> grad_views_;  // each parameter's gradient within its bucket
   std::vector<size_t> bucket_of_;       // parameter index -> bucket index
   std::vector<Bucket> buckets_;
-  std::vector<BucketShard> shards_;
+  std::vector<at::Tensor> averaged_parts_;
   Communicator& communicator_;
   ReducerOptions options_;
   bool sync_ = true;

@@ -29,4 +29,11 @@ AutocastRegion::~AutocastRegion() {
   put_in_force(previous_);
 }
 
+AutocastGuard::AutocastGuard(c10::Device device, bool enabled) {
+  if (enabled) {
+    region_.emplace(AutocastSettings{device.type(), true, at::kBFloat16,
+                                     at::autocast::is_autocast_cache_enabled()});
+  }
+}
+
 }  // namespace mltrain

@@ -1,7 +1,10 @@
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+
+#include <optional>
 
 namespace mltrain {
 
@@ -28,6 +31,19 @@ class AutocastRegion {
 
  private:
   AutocastSettings previous_;
+};
+
+// Mixed precision for the forward pass: with train.precision bf16, matmuls and attention run in
+// bf16 under autocast while the weights, the optimizer state and the loss stay fp32. Constructed
+// around the forward pass only (backward replays the recorded dtypes), it enables autocast for the
+// device with an explicit dtype and, when it ends, restores the previous state and clears the
+// autocast cache of casted weights, which are stale once the optimizer steps.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::Device device, bool enabled);
+
+ private:
+  std::optional<AutocastRegion> region_;  // none when not enabled
 };
 
 }  // namespace mltrain

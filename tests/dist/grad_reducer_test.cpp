@@ -26,13 +26,35 @@ TEST(OverlapAllReduce, AutoOverlapsOnCudaOnlyAndAnExplicitChoiceIsTaken) {
   }
 }
 
+// The layout alone: members last first, offsets in order, each bucket padded to its parts.
+TEST(AssignBuckets, PacksLastFirstBySizeAndPadsEachBucketToItsParts) {
+  // 1 MiB = 262,144 fp32 values: the first bucket takes 100k alone (100k + 200k would pass it),
+  // the next up to 2 MiB takes 200k + 300k, the last 50k.
+  const auto tensors = parameters_of_sizes({50'000, 300'000, 200'000, 100'000});
+  const std::vector<BucketLayout> buckets =
+      assign_buckets(tensors, {.bucket_mb = 2.0, .first_bucket_mb = 1.0}, /*parts=*/3);
+  ASSERT_EQ(buckets.size(), 3u);
+  EXPECT_EQ(buckets[0].members, std::vector<size_t>{3});
+  EXPECT_EQ(buckets[1].members, (std::vector<size_t>{2, 1}));
+  EXPECT_EQ(buckets[1].offsets, (std::vector<int64_t>{0, 200'000}));
+  EXPECT_EQ(buckets[2].members, std::vector<size_t>{0});
+  // 100,000 and 500,000 round up to multiples of 3; 50,000 too.
+  EXPECT_EQ(buckets[0].elements, 100'002);
+  EXPECT_EQ(buckets[1].elements, 500'001);
+  EXPECT_EQ(buckets[2].elements, 50'001);
+  EXPECT_EQ(buckets[1].part_elements(3), 166'667);
+  EXPECT_TRUE(assign_buckets({}, {}).empty());
+}
+
 TEST(GradReducer, PacksParametersInReverseOrderIntoSizedBuckets) {
   const World world;
   const auto communicator = make_communicator(world);
   // 1 MiB = 262,144 fp32 values. Reversed, the sizes are 100k, 200k, 300k, 50k, 400k, 150k.
   const auto parameters =
       parameters_of_sizes({150'000, 400'000, 50'000, 300'000, 200'000, 100'000});
-  GradReducer reducer(parameters, *communicator, {.bucket_mb = 2.0, .first_bucket_mb = 1.0});
+  GradReducer reducer(parameters,
+                      assign_buckets(parameters, {.bucket_mb = 2.0, .first_bucket_mb = 1.0}),
+                      *communicator, {});
   // First bucket up to 1 MiB: 100k + 200k would pass it, so 100k alone; then up to 2 MiB (524,288
   // values): 200k + 300k; then 50k + 400k; then 150k. Each gradient is a view of its bucket: the
   // gradients of one bucket share a storage of the bucket's size, each at its offset.
@@ -59,7 +81,8 @@ TEST(GradReducer, BackwardAccumulatesIntoTheBuckets) {
   const World world;
   const auto communicator = make_communicator(world);
   const auto parameters = parameters_of_sizes({3, 4});
-  GradReducer reducer(parameters, *communicator, {.bucket_mb = 1.0});
+  GradReducer reducer(parameters, assign_buckets(parameters, {.bucket_mb = 1.0}), *communicator,
+                      {});
   for (int micro = 0; micro < 2; ++micro) {
     reducer.set_sync(micro == 1);
     ((parameters[0] * 2).sum() + (parameters[1] * 3).sum()).backward();
@@ -80,7 +103,8 @@ TEST(GradReducer, AReplacedGradIsCopiedBackIntoItsBucket) {
   const World world;
   const auto communicator = make_communicator(world);
   const auto parameters = parameters_of_sizes({3, 4});
-  GradReducer reducer(parameters, *communicator, {.bucket_mb = 1.0});
+  GradReducer reducer(parameters, assign_buckets(parameters, {.bucket_mb = 1.0}), *communicator,
+                      {});
   const at::Tensor bucket = at::empty({0}).set_(parameters[0].grad().storage());
   const auto backward = [&] { ((parameters[0] * 2).sum() + (parameters[1] * 3).sum()).backward(); };
 

@@ -29,11 +29,10 @@ std::vector<at::Tensor> reduced_gradients(const World& ranks, const at::Tensor& 
   at::manual_seed(7);
   Llama model(testing::tiny_config());
   const auto communicator = make_communicator(ranks);
-  GradReducer reducer(model->parameters(), *communicator,
-                      {.bucket_mb = 0.05,
-                       .first_bucket_mb = 0.01,
-                       .overlap = overlap,
-                       .compress_bf16 = compress_bf16});
+  GradReducer reducer(
+      model->parameters(),
+      assign_buckets(model->parameters(), {.bucket_mb = 0.05, .first_bucket_mb = 0.01}),
+      *communicator, {.overlap = overlap, .compress_bf16 = compress_bf16});
   std::set<const void*> buckets;  // each bucket is the storage of its parameters' gradients
   for (const at::Tensor& parameter : model->parameters())
     buckets.insert(parameter.grad().storage().data());
@@ -85,7 +84,8 @@ TEST(MpiGradReducer, AveragesGradientsOverRanksAsOneLargeBatch) {
 TEST(MpiGradReducer, AveragesAGradientThatWasReplaced) {
   torch::nn::Linear layer(torch::nn::LinearOptions(3, 2).bias(false));
   const auto communicator = make_communicator(world);
-  GradReducer reducer(layer->parameters(), *communicator, {.bucket_mb = 1.0});
+  GradReducer reducer(layer->parameters(), assign_buckets(layer->parameters(), {.bucket_mb = 1.0}),
+                      *communicator, {});
   const at::Tensor weight = layer->weight;
   const at::Tensor bucket_view = weight.grad();
   if (world.rank == 1) layer->zero_grad();  // .grad undefined on one rank only

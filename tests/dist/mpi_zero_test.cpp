@@ -1,10 +1,12 @@
-// The sharded (ZeRO-1) reducer and optimizer across ranks: run by ctest under `mpirun -n 2` and
+// The scattering reducer and ZeRO-1 across ranks: run by ctest under `mpirun -n 2` and
 // `mpirun -n 3` on the CPU (MPI backend).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
+#include "dist/bucket_layout.h"
 #include "dist/grad_reducer.h"
 #include "dist/world.h"
 #include "model/hf_state_dict.h"
@@ -13,7 +15,8 @@
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
-#include "trainer/optim/sharded_adamw.h"
+#include "trainer/optim/clipping.h"
+#include "trainer/optim/zero1_adamw.h"
 #include "trainer/run/memory_plan.h"
 
 namespace mltrain {
@@ -36,9 +39,11 @@ Llama fresh_model() {
   return Llama(testing::tiny_config());
 }
 
+const BucketSizes small_buckets{.bucket_mb = 0.02, .first_bucket_mb = 0.01};
+
 // The averaged gradients of each bucket's part, reduce-scattered in fp32, or in bf16 on the wire
-// (to bf16's precision).
-TEST(ShardedReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
+// (to bf16's precision); the parameters untouched.
+TEST(ScatteringReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   // The reference: every rank's gradient, computed here, averaged.
   Llama reference = fresh_model();
@@ -47,55 +52,75 @@ TEST(ShardedReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
 
   for (const bool compress_bf16 : {false, true}) {
     Llama model = fresh_model();
+    const std::vector<at::Tensor> parameters = model->parameters();
+    std::vector<const void*> places;
+    for (const at::Tensor& parameter : parameters) places.push_back(parameter.data_ptr());
     const auto communicator = make_communicator(world);
-    GradReducer reducer(model->parameters(), *communicator,
-                        {.bucket_mb = 0.02,
-                         .first_bucket_mb = 0.01,
-                         .compress_bf16 = compress_bf16,
-                         .shard = true});
-    ASSERT_GT(reducer.shards().size(), 2u) << "the test should cover several buckets";
+    const std::vector<BucketLayout> buckets = assign_buckets(parameters, small_buckets, world.size);
+    GradReducer reducer(parameters, buckets, *communicator,
+                        {.compress_bf16 = compress_bf16, .scatter = true});
+    ASSERT_GT(buckets.size(), 2u) << "the test should cover several buckets";
     backward_on(model, windows_of(world.rank));
     reducer.finish();
 
-    for (const GradReducer::BucketShard& shard : reducer.shards()) {
+    ASSERT_EQ(reducer.averaged_parts().size(), buckets.size());
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const BucketLayout& bucket = buckets[b];
       // The whole bucket's averaged gradient, laid out as the bucket lays out its parameters.
-      at::Tensor expected = at::zeros({shard.bucket.numel()});
-      for (const GradReducer::Member& member : shard.members) {
-        const at::Tensor grad = reference_parameters[member.parameter].grad().flatten();
-        expected.narrow(0, member.offset, grad.numel()).copy_(grad / world.size);
+      at::Tensor expected = at::zeros({bucket.elements});
+      for (size_t k = 0; k < bucket.members.size(); ++k) {
+        const at::Tensor grad = reference_parameters[bucket.members[k]].grad().flatten();
+        expected.narrow(0, bucket.offsets[k], grad.numel()).copy_(grad / world.size);
       }
-      EXPECT_EQ(shard.bucket.numel() % world.size, 0);
-      EXPECT_EQ(shard.elements * world.size, shard.bucket.numel());
-      EXPECT_EQ(shard.begin, shard.elements * world.rank);
-      EXPECT_LE(
-          testing::relative_error(shard.gradients, expected.narrow(0, shard.begin, shard.elements)),
-          compress_bf16 ? 1e-2 : 1e-6)
+      EXPECT_EQ(bucket.elements % world.size, 0);
+      const int64_t part = bucket.part_elements(world.size);
+      EXPECT_LE(testing::relative_error(reducer.averaged_parts()[b],
+                                        expected.narrow(0, part * world.rank, part)),
+                compress_bf16 ? 1e-2 : 1e-6)
           << (compress_bf16 ? "bf16 on the wire" : "fp32");
     }
-    // The parameters now live in the buckets, and keep their values.
+    // The reducer never owns the parameters: they stay where they were, with their values.
     const Llama untouched = fresh_model();
     const std::vector<at::Tensor> original = untouched->parameters();
-    for (size_t i = 0; i < original.size(); ++i)
-      EXPECT_TRUE(at::equal(model->parameters()[i], original[i])) << "parameter " << i;
+    for (size_t i = 0; i < original.size(); ++i) {
+      EXPECT_EQ(parameters[i].data_ptr(), places[i]) << "parameter " << i;
+      EXPECT_TRUE(at::equal(parameters[i], original[i])) << "parameter " << i;
+    }
   }
 }
 
-TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
+// Under ZeRO-1 each rank clips its part by the norm of the whole.
+TEST(ClipByGlobalNorm, ThePartsOfEveryRankMakeOneNorm) {
+  const auto communicator = make_communicator(world);
+  // Rank r holds r + 1 in each of its 3 values.
+  const at::Tensor part = at::full({3}, static_cast<float>(world.rank + 1));
+  double squares = 0.0;
+  for (int rank = 0; rank < world.size; ++rank) squares += 3.0 * (rank + 1) * (rank + 1);
+  const at::Tensor norm = clip_by_global_norm({{part}, communicator.get()}, 1.0);
+  EXPECT_NEAR(norm.item<double>(), std::sqrt(squares), 1e-5);
+  EXPECT_NEAR(part[0].item<double>(), (world.rank + 1) / (std::sqrt(squares) + 1e-6), 1e-6);
+}
+
+const DataParallelOptions zero1_options{.buckets = small_buckets, .zero1 = true, .adamw = {}};
+
+TEST(Zero1AdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   Llama whole_model = fresh_model();
   const AdamW whole(hf_named_parameters(whole_model), {});
 
   Llama model = fresh_model();
   const auto communicator = make_communicator(world);
-  GradReducer reducer(model->parameters(), *communicator,
-                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true});
-  const ShardedAdamW sharded(hf_named_parameters(model), reducer, *communicator, {});
+  const Zero1AdamW sharded(hf_named_parameters(model), *communicator, zero1_options);
+  // The parameters moved into the optimizer's buckets, and kept their values.
+  const std::vector<at::Tensor> original = whole_model->parameters();
+  for (size_t i = 0; i < original.size(); ++i)
+    EXPECT_TRUE(at::equal(model->parameters()[i], original[i])) << "parameter " << i;
 
   // Two fp32 moments per parameter value, and one step count.
   const int64_t values = whole_model->num_parameters();
   EXPECT_EQ(whole.state_bytes(), 8 * values + 4);
   // Each bucket pads to a multiple of the ranks: at most ranks - 1 values more per bucket.
-  const auto buckets = static_cast<int64_t>(reducer.shards().size());
+  const auto buckets = static_cast<int64_t>(sharded.parts().size());
   const double share = static_cast<double>(8 * values) / world.size + 4;
   EXPECT_GE(static_cast<double>(sharded.state_bytes()), share);
   EXPECT_LE(static_cast<double>(sharded.state_bytes()), share + 8.0 * buckets);
@@ -117,29 +142,33 @@ TEST(ShardedAdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   int64_t gradient_bytes = 0;
   for (const auto& [storage, bytes] : buckets_by_storage)
     gradient_bytes += static_cast<int64_t>(bytes);
-  for (const GradReducer::BucketShard& shard : reducer.shards())
-    gradient_bytes += static_cast<int64_t>(shard.gradients.nbytes());
+  for (const Zero1AdamW::Part& part : sharded.parts())
+    gradient_bytes += static_cast<int64_t>(part.gradients.nbytes());
   EXPECT_NEAR(plan.gradients, static_cast<double>(gradient_bytes),
               8.0 * static_cast<double>(buckets * world.size));
 }
 
-// A sharded optimizer with its own model and reducer, as a run holds them.
+// ZeRO-1 with its own model, as a run holds them.
 struct ShardedRun {
   Llama model = fresh_model();
   std::unique_ptr<Communicator> communicator = make_communicator(world);
-  GradReducer reducer{model->parameters(),
-                      *communicator,
-                      {.bucket_mb = 0.02, .first_bucket_mb = 0.01, .shard = true}};
-  ShardedAdamW optimizer{hf_named_parameters(model), reducer, *communicator, {}};
+  Zero1AdamW optimizer{hf_named_parameters(model), *communicator, zero1_options};
 };
 
-TEST(ShardedAdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart) {
+// One step's order is the object's: an update before the gradients are reduced is refused.
+TEST(Zero1AdamW, UpdatesOnlyAfterTheGradientsAreReduced) {
+  ShardedRun run;
+  EXPECT_THROW(run.optimizer.update(1e-2, at::zeros({})), std::logic_error);
+}
+
+TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   ShardedRun run;
   backward_on(run.model, windows_of(world.rank));
-  run.reducer.finish();
-  run.optimizer.step(1e-2, at::zeros({}));
-  run.reducer.gather_parameters();
+  run.optimizer.reduce_gradients();
+  run.optimizer.update(1e-2, at::zeros({}));
+  // The all-gather gave every rank the same weights.
+  EXPECT_TRUE(same_on_all_ranks(run.model->parameters(), *run.communicator));
 
   const OptimizerState state = run.optimizer.state();
   const std::filesystem::path saved = testing::mpi_test_directory() / "state";

@@ -7,9 +7,9 @@
 #include <torch/cuda.h>
 
 #include "model/attention.h"
+#include "model/autocast_region.h"
 #include "model/model_config.h"
 #include "model/rotary.h"
-#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

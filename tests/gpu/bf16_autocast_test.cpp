@@ -7,9 +7,10 @@
 #include <cmath>
 #include <vector>
 
+#include "model/autocast_region.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
-#include "trainer/machine/precision.h"
+#include "trainer/run/train_step.h"
 
 namespace mltrain {
 namespace {

@@ -10,7 +10,7 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
-#include "trainer/machine/precision.h"
+#include "trainer/run/train_step.h"
 #include "trainer/run/training_run.h"
 
 namespace mltrain {
@@ -28,8 +28,10 @@ TEST(CudaStep, GradientsStayViewsIntoTheirBucketsAfterBackward) {
   Llama model(testing::tiny_config());
   model->to(cuda);
   const auto communicator = make_communicator(World());
-  GradReducer reducer(model->parameters(), *communicator,
-                      {.bucket_mb = 0.05, .first_bucket_mb = 0.01});
+  GradReducer reducer(
+      model->parameters(),
+      assign_buckets(model->parameters(), {.bucket_mb = 0.05, .first_bucket_mb = 0.01}),
+      *communicator, {});
   std::vector<at::Tensor> views;
   for (const at::Tensor& parameter : model->parameters()) views.push_back(parameter.grad());
   // Options with a device but no dtype give float, not long: the dtype is named.

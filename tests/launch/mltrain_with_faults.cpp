@@ -61,8 +61,8 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
     } else if (fault.starts_with(nonfinite)) {
       const auto [first, last] = step_range(fault.substr(nonfinite.size()));
       after_gradients.emplace_back(
-          [first, last](int64_t step, int, const std::vector<at::Tensor>& parameters) {
-            if (step >= first && step <= last) parameters.front().grad().fill_(NAN);
+          [first, last](int64_t step, int, const std::vector<at::Tensor>& gradients) {
+            if (step >= first && step <= last) gradients.front().fill_(NAN);
           });
     } else if (fault.starts_with(forbid_sync)) {
       const auto [first, last] = step_range(fault.substr(forbid_sync.size()));
@@ -89,8 +89,8 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   }
   if (!after_gradients.empty()) {
     hooks.after_gradients = [after_gradients](int64_t step, int rank,
-                                              const std::vector<at::Tensor>& parameters) {
-      for (const auto& hook : after_gradients) hook(step, rank, parameters);
+                                              const std::vector<at::Tensor>& gradients) {
+      for (const auto& hook : after_gradients) hook(step, rank, gradients);
     };
   }
   return hooks;

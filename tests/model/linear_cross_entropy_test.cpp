@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "model/autocast_region.h"
 #include "model/kernel_choice.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
-#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "model/autocast_region.h"
 #include "model/kernel_choice.h"
-#include "trainer/machine/precision.h"
 
 namespace mltrain {
 namespace {

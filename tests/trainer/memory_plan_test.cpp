@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "model/autocast_region.h"
 #include "model/cpu_kernels.h"
 #include "model/kernel_choice.h"
 #include "model/llama.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
-#include "trainer/machine/precision.h"
 #include "trainer/run/memory_plan.h"
 
 namespace mltrain {

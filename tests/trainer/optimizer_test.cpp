@@ -12,6 +12,7 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/optim/clipping.h"
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/run/train_step.h"
 
@@ -74,17 +75,17 @@ TEST(AdamW, ASkippedStepChangesNothing) {
   EXPECT_EQ(optimizer.state().at("matrix.step").item<double>(), 1.0);
 }
 
-TEST(ClipGradNorm, ScalesToTheLimitAndReportsTheNormBefore) {
-  const at::Tensor a = at::zeros({2}).requires_grad_(true);
-  const at::Tensor b = at::zeros({1}).requires_grad_(true);
-  a.mutable_grad() = at::tensor({3.0f, 0.0f});
-  b.mutable_grad() = at::tensor({4.0f});
-  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0).item<double>(), 5.0, 1e-6);
-  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-5);
-  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
-  const float clipped = b.grad()[0].item<float>();
-  EXPECT_NEAR(clip_grad_norm({a, b}, 10.0).item<double>(), 1.0, 1e-5);
-  EXPECT_EQ(b.grad()[0].item<float>(), clipped) << "under the limit: unchanged";
+TEST(ClipByGlobalNorm, ScalesToTheLimitAndReportsTheNormBefore) {
+  const at::Tensor a = at::tensor({3.0f, 0.0f});
+  const at::Tensor b = at::tensor({4.0f});
+  const ReducedGradients gradients{{a, b}};
+  EXPECT_NEAR(clip_by_global_norm(gradients, 1.0).item<double>(), 5.0, 1e-6);
+  EXPECT_NEAR(a[0].item<double>(), 0.6, 1e-5);
+  EXPECT_NEAR(b[0].item<double>(), 0.8, 1e-5);
+  const float clipped = b[0].item<float>();
+  EXPECT_NEAR(clip_by_global_norm(gradients, 10.0).item<double>(), 1.0, 1e-5);
+  EXPECT_EQ(b[0].item<float>(), clipped) << "under the limit: unchanged";
+  EXPECT_NEAR(clip_by_global_norm(gradients, 0.0).item<double>(), 1.0, 1e-5) << "0: no clipping";
 }
 
 OptimConfig schedule(const std::string& name) {

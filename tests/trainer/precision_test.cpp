@@ -1,4 +1,5 @@
 #include "trainer/machine/precision.h"
+#include "model/autocast_region.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>

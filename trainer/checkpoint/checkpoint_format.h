@@ -9,7 +9,7 @@
 #include "model/llama.h"
 #include "trainer/checkpoint/checkpoint_state.h"
 #include "trainer/config/config.h"
-#include "trainer/optim/adamw.h"
+#include "trainer/optim/optimizer.h"
 
 namespace mltrain {
 

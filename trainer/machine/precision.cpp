@@ -1,7 +1,6 @@
 #include "trainer/machine/precision.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 #include <spdlog/spdlog.h>
 
@@ -11,19 +10,6 @@
 #include "common/error.h"
 
 namespace mltrain {
-
-AutocastGuard::AutocastGuard(c10::Device device, bool enabled) {
-  if (enabled) {
-    region_.emplace(AutocastSettings{device.type(), true, at::kBFloat16,
-                                     at::autocast::is_autocast_cache_enabled()});
-  }
-}
-
-at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {
-  const int64_t length = window.size(1) - 1;
-  const AutocastGuard autocast(device, bf16);
-  return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
-}
 
 namespace {
 

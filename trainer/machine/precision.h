@@ -1,29 +1,11 @@
 #pragma once
 
-#include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-#include <optional>
 #include <string>
 
-#include "model/autocast_region.h"
-#include "model/llama.h"
-
 namespace mltrain {
-
-// Mixed precision for the forward pass: with train.precision bf16, matmuls and attention run in
-// bf16 under autocast while the weights, the optimizer state and the loss stay fp32. Constructed
-// around the forward pass only (backward replays the recorded dtypes), it enables autocast for the
-// device with an explicit dtype and, when it ends, restores the previous state and clears the
-// autocast cache of casted weights, which are stale once the optimizer steps.
-class AutocastGuard {
- public:
-  AutocastGuard(c10::Device device, bool enabled);
-
- private:
-  std::optional<AutocastRegion> region_;  // none when not enabled
-};
 
 // How this CPU multiplies bf16, which decides whether bf16 autocast pays on it:
 // - amx: AMX-BF16 tile units; oneDNN's bf16 products run several times the fp32 rate, and a
@@ -62,10 +44,5 @@ void log_precision(const PrecisionChoice& choice);
 
 // precision_on_this_machine, logged; whether to run under bf16 autocast.
 bool use_bf16_autocast(const std::string& precision, c10::Device device);
-
-// The mean next-token loss of windows [B, seq_len + 1] (on the device): the model reads
-// window[:, :-1], under bf16 autocast when `bf16`, and is scored against window[:, 1:]. Training
-// and evaluation both compute their losses here, so that they agree on the precision policy.
-at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16);
 
 }  // namespace mltrain

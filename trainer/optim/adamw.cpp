@@ -61,12 +61,6 @@ AdamW::AdamW(const NamedParameters& parameters, AdamWOptions options)
   }
 }
 
-at::Tensor AdamW::clip_gradients(double max_norm) {
-  std::vector<at::Tensor> parameters;
-  for (const Entry& entry : entries_) parameters.push_back(entry.parameter);
-  return clip_grad_norm(parameters, max_norm);
-}
-
 void AdamW::step(double lr, const at::Tensor& skip) {
   // The gradients are read at each step: they are defined (the reducer's views) only once the
   // first backward has run or the reducer is set up.
@@ -102,6 +96,13 @@ int64_t AdamW::state_bytes() const {
   return static_cast<int64_t>(bytes);
 }
 
+std::vector<at::Tensor> tensors_of(const NamedParameters& parameters) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(parameters.size());
+  for (const auto& [name, parameter] : parameters) tensors.push_back(parameter);
+  return tensors;
+}
+
 const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& name,
                               at::IntArrayRef sizes, const std::string& source) {
   const auto found = saved.find(name);
@@ -110,21 +111,6 @@ const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& na
                                 found == saved.end() ? "missing" : "of another shape"));
   }
   return found->second;
-}
-
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {
-  at::NoGradGuard no_grad;
-  const std::vector<at::Tensor> grads = grads_of(parameters);
-  const at::Tensor norm = at::stack(at::_foreach_norm(grads, 2)).to(at::kFloat).norm();
-  clip_to_norm(grads, norm, max_norm);
-  return norm;
-}
-
-void clip_to_norm(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm) {
-  if (max_norm <= 0.0) return;
-  at::NoGradGuard no_grad;
-  at::_foreach_mul_(grads,
-                    (max_norm / (norm.to(at::kDouble) + 1e-6)).clamp_max(1.0).to(at::kFloat));
 }
 
 }  // namespace mltrain

@@ -21,38 +21,6 @@ using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 // Tensors by name, in the order of the names: what a .safetensors file holds.
 using OptimizerState = std::map<std::string, at::Tensor>;
 
-// What the run loop asks of an optimizer: AdamW over whole parameters (below), or over this
-// rank's part of them (ZeRO-1, sharded_adamw.h). Neither touches .grad itself: the gradient
-// reducer owns the gradients, which must stay views into its buckets.
-class Optimizer {
- public:
-  virtual ~Optimizer() = default;
-
-  // Scales the gradients the next step reads so that the global L2 norm of the model's gradient
-  // is at most max_norm (0: no clipping), and returns the norm before clipping as a float scalar
-  // on the device. As torch.nn.utils.clip_grad_norm_, the scale min(1, max_norm / (norm + 1e-6))
-  // is computed and applied on the device: the host never waits for the norm.
-  virtual at::Tensor clip_gradients(double max_norm) = 0;
-
-  // One update with learning rate `lr`, unless `skip` (a float scalar on the parameters' device)
-  // is 1: then nothing changes, not even the step counts. The decision stays on the device, so
-  // that the host need not wait for it.
-  virtual void step(double lr, const at::Tensor& skip) = 0;
-
-  // Every parameter's moments and step count, as "<name>.exp_avg", "<name>.exp_avg_sq" and
-  // "<name>.step": the same tensors however the state is held, so that a checkpoint resumes on any
-  // number of ranks, sharded or not. Where the state is sharded this is a collective that every
-  // rank calls, and only rank 0 gets the state (on the CPU); the others get none.
-  virtual OptimizerState state() const = 0;
-
-  // Restores a state() of the same parameters (whole, from any sharding); a missing or misshapen
-  // entry is a UserError naming `source` and the entry.
-  virtual void load_state(const OptimizerState& saved, const std::string& source) = 0;
-
-  // The bytes of optimizer state this rank holds.
-  virtual int64_t state_bytes() const = 0;
-};
-
 // AdamW (Loshchilov & Hutter) with bias correction and decoupled weight decay, through PyTorch's
 // fused multi-tensor kernel (one launch per group, on CUDA and the CPU): tensors in two groups,
 // with and without weight decay, and their moments. Every tensor takes every step, so one step
@@ -88,17 +56,26 @@ class AdamWUpdate {
   Group not_decayed_;
 };
 
-// AdamW over a model's parameters, each with its own moments. Weight decay applies to matrices
-// (embeddings and projections) and not to vectors (norm weights), as is usual for transformers.
-class AdamW : public Optimizer {
+// AdamW over a model's whole parameters, each with its own moments, reading their .grad. Weight
+// decay applies to matrices (embeddings and projections) and not to vectors (norm weights), as is
+// usual for transformers.
+class AdamW {
  public:
   AdamW(const NamedParameters& parameters, AdamWOptions options);
 
-  at::Tensor clip_gradients(double max_norm) override;
-  void step(double lr, const at::Tensor& skip) override;
-  OptimizerState state() const override;
-  void load_state(const OptimizerState& saved, const std::string& source) override;
-  int64_t state_bytes() const override;
+  // One update with learning rate `lr`, unless `skip` (a float scalar on the parameters' device)
+  // is 1: then nothing changes, not even the step counts. The decision stays on the device, so
+  // that the host need not wait for it.
+  void step(double lr, const at::Tensor& skip);
+
+  // Every parameter's moments and step count, as "<name>.exp_avg", "<name>.exp_avg_sq" and
+  // "<name>.step".
+  OptimizerState state() const;
+  // Restores a state() of the same parameters; a missing or misshapen entry is a UserError naming
+  // `source` and the entry, and then nothing has changed.
+  void load_state(const OptimizerState& saved, const std::string& source);
+  // The bytes of its moments and step count.
+  int64_t state_bytes() const;
 
  private:
   struct Entry {
@@ -111,6 +88,9 @@ class AdamW : public Optimizer {
   AdamWUpdate update_;
 };
 
+// The tensors of `parameters`, in their order.
+std::vector<at::Tensor> tensors_of(const NamedParameters& parameters);
+
 // Whether AdamW decays `parameter`: matrices, not vectors.
 inline bool decays(const at::Tensor& parameter) { return parameter.dim() >= 2; }
 
@@ -118,13 +98,5 @@ inline bool decays(const at::Tensor& parameter) { return parameter.dim() >= 2; }
 // a UserError naming `source` otherwise.
 const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& name,
                               at::IntArrayRef sizes, const std::string& source);
-
-// Scales the parameters' gradients so that their global L2 norm is at most max_norm (0: no
-// clipping) and returns the norm before clipping: Optimizer::clip_gradients for whole parameters.
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm);
-
-// Scales `grads` by min(1, max_norm / (norm + 1e-6)), computed on the device in double (as a host
-// max_norm / (norm + 1e-6) would be) and applied in float; max_norm 0 leaves them as they are.
-void clip_to_norm(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm);
 
 }  // namespace mltrain

@@ -14,6 +14,7 @@
 #include "trainer/machine/precision.h"
 #include "trainer/report/metrics_log.h"
 #include "trainer/run/run_data.h"
+#include "trainer/run/train_step.h"
 
 namespace mltrain {
 

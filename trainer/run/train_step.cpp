@@ -2,9 +2,18 @@
 
 #include <ATen/ATen.h>
 
-#include "trainer/machine/precision.h"
+#include "model/autocast_region.h"
+#include "trainer/optim/clipping.h"
+#include "trainer/optim/lr_schedule.h"
+#include "trainer/run/wall_clock.h"
 
 namespace mltrain {
+
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {
+  const int64_t length = window.size(1) - 1;
+  const AutocastGuard autocast(device, bf16);
+  return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
+}
 
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
                             c10::Device device, bool bf16) {
@@ -12,6 +21,43 @@ at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad
       window_loss(model, window, device, bf16) / static_cast<double>(grad_accum);
   loss.backward();
   return loss.detach();
+}
+
+StepResult train_step(const StepParts& parts, int64_t step) {
+  const double waited_before = parts.loader.waited_seconds();
+  const Clock::time_point started = Clock::now();
+  StepResult result;
+  result.step = step;
+
+  // Loss and backward of each micro-batch. The gradients accumulate; the last backward also
+  // averages them over the ranks, as far as it can while it runs.
+  at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
+  for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
+    parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
+    const at::Tensor window = parts.loader.next().tokens.to(parts.device, /*non_blocking=*/true);
+    loss += forward_backward(parts.model, window, parts.grad_accum, parts.device, parts.bf16);
+  }
+
+  // Reduce: the gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and
+  // the loss, in double so that the ranks' sum rounds as little as a host sum would.
+  const ReducedGradients gradients = parts.optimizer.reduce_gradients();
+  result.loss = loss.to(at::kDouble);
+  parts.communicator.all_reduce_average(result.loss)->wait();
+  const Clock::time_point reduced = Clock::now();
+  result.data_ms = (parts.loader.waited_seconds() - waited_before) * 1e3;
+  result.forward_backward_ms = seconds_between(started, reduced) * 1e3 - result.data_ms;
+  if (parts.hooks.after_gradients) parts.hooks.after_gradients(step, parts.rank, gradients.tensors);
+
+  // Clip, then update at the scheduled learning rate. A non-finite loss or gradient would poison
+  // the weights and the moments for good: the update is skipped, on the device. Every rank sees
+  // the same averaged loss and norm, so all skip together.
+  result.grad_norm = clip_by_global_norm(gradients, parts.optim.grad_clip);
+  result.lr = learning_rate(parts.optim, parts.max_steps, step);
+  const at::Tensor skip =
+      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
+  parts.optimizer.update(result.lr, skip);
+  result.optimizer_ms = seconds_since(reduced) * 1e3;
+  return result;
 }
 
 }  // namespace mltrain

@@ -3,15 +3,63 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
+
+#include "data/loader.h"
+#include "dist/communicator.h"
 #include "model/llama.h"
+#include "trainer/config/config.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/run/training_hooks.h"
 
 namespace mltrain {
 
-// Forward and backward of one micro-batch of windows [B, seq_len + 1] (already on the device):
-// its window_loss (precision.h) is divided by grad_accum so that grad_accum calls accumulate the
-// gradient of the step's mean loss, and backward runs outside autocast. Returns the divided loss,
-// detached.
+// The mean next-token loss of windows [B, seq_len + 1] (on the device): the model reads
+// window[:, :-1], under bf16 autocast when `bf16` (matmuls and attention in bf16, weights and the
+// loss in fp32), and is scored against window[:, 1:]. Training and evaluation both compute their
+// losses here, so that they agree on the precision policy.
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16);
+
+// Forward and backward of one micro-batch of windows (already on the device): its window_loss is
+// divided by grad_accum so that grad_accum calls accumulate the gradient of the step's mean loss,
+// and backward runs outside autocast. Returns the divided loss, detached.
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
                             c10::Device device, bool bf16);
+
+// What one optimizer step saw and did. The loss and the gradient norm stay on the device until
+// the host reads them, at the steps that log or checkpoint: on CUDA every read waits for the
+// device's queue to drain, and a step that reads stalls the GPU while the host catches up.
+struct StepResult {
+  int64_t step = 0;
+  at::Tensor loss;       // averaged over the ranks
+  at::Tensor grad_norm;  // before clipping
+  double lr = 0.0;
+  // Host wall time: waiting for the loader, in forward and backward (with the gradients'
+  // reduction), and in the clip and the update. On the CPU that is the time the work took; on
+  // CUDA only the time to enqueue it, so the metrics give these on the CPU alone.
+  double data_ms = 0.0;
+  double forward_backward_ms = 0.0;
+  double optimizer_ms = 0.0;
+};
+
+// What a training step works with, built once by the run.
+struct StepParts {
+  Llama& model;
+  Loader& loader;
+  Optimizer& optimizer;
+  Communicator& communicator;
+  const OptimConfig& optim;
+  int64_t max_steps;   // of the learning-rate schedule
+  int64_t grad_accum;  // micro-steps per step
+  c10::Device device;
+  bool bf16;
+  int rank;
+  const TrainingHooks& hooks;  // the tests' faults; none in the shipped binaries
+};
+
+// One optimizer step, `step` counted from 1: each micro-batch's loss and backward, then the
+// gradients reduced over the ranks, clipped, and the weights updated at the scheduled learning
+// rate, unless the step went non-finite. Nothing here waits for the device.
+StepResult train_step(const StepParts& parts, int64_t step);
 
 }  // namespace mltrain

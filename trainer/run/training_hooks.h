@@ -13,10 +13,10 @@ namespace mltrain {
 // diverging run or a dead rank leave behind. A default-constructed TrainingHooks does nothing,
 // and the shipped binaries never set one.
 struct TrainingHooks {
-  // After step `step` (counted from 1) has averaged its gradients, before they are clipped. With
-  // ZeRO-1 (dist.zero_stage 1) each .grad holds this rank's own gradient and the averaged parts
-  // are the reducer's: a hook that changes .grad changes nothing the optimizer reads.
-  std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& parameters)>
+  // After step `step` (counted from 1) has averaged its gradients, before they are clipped, with
+  // the averaged gradients the update will read: every parameter's, or under ZeRO-1 this rank's
+  // parts of them.
+  std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& gradients)>
       after_gradients;
   // While a checkpoint is written into `directory`, once its weights file is complete and before
   // the rest: a hook that throws fails the save, one that kills the process leaves it half-written.

@@ -24,9 +24,7 @@
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
 #include "trainer/machine/precision.h"
-#include "trainer/optim/adamw.h"
-#include "trainer/optim/lr_schedule.h"
-#include "trainer/optim/sharded_adamw.h"
+#include "trainer/optim/optimizer.h"
 #include "trainer/report/loss_plot.h"
 #include "trainer/report/metrics_log.h"
 #include "trainer/run/evaluation.h"
@@ -35,17 +33,10 @@
 #include "trainer/run/run_schedule.h"
 #include "trainer/run/stop_signal.h"
 #include "trainer/run/train_step.h"
+#include "trainer/run/wall_clock.h"
 
 namespace mltrain {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point start, Clock::time_point end) {
-  return std::chrono::duration<double>(end - start).count();
-}
-
-double seconds_since(Clock::time_point start) { return seconds_between(start, Clock::now()); }
 
 std::string duration_text(double seconds) {
   const auto total = static_cast<int64_t>(std::lround(seconds));
@@ -60,22 +51,6 @@ at::Tensor read_to_host(const at::Tensor& values) {
   RECORD_FUNCTION("mltrain::read_device", std::vector<c10::IValue>());
   return values.to(at::kCPU).contiguous();
 }
-
-// What one optimizer step saw and did. The loss and the gradient norm stay on the device until
-// the host reads them, at the steps that log or checkpoint: on CUDA every read waits for the
-// device's queue to drain, and a step that reads stalls the GPU while the host catches up.
-struct StepResult {
-  int64_t step = 0;
-  at::Tensor loss;       // averaged over the ranks
-  at::Tensor grad_norm;  // before clipping
-  double lr = 0.0;
-  // Host wall time: waiting for the loader, in forward and backward (with the gradient
-  // all-reduce), and in the clip and the optimizer step. On the CPU that is the time the work
-  // took; on CUDA only the time to enqueue it, so the metrics give these on the CPU alone.
-  double data_ms = 0.0;
-  double forward_backward_ms = 0.0;
-  double optimizer_ms = 0.0;
-};
 
 // A step's loss and gradient norm, read by the host, and the mean wall time of the steps read
 // with it: on CUDA a step's own host time is only the time to enqueue it.
@@ -126,8 +101,6 @@ class TrainingRun {
  private:
   void agree_across_ranks();
   void announce();
-  StepResult train_step(int64_t step);
-  at::Tensor accumulate_gradients();
   void record_step(const StepResult& result);
   StepValues read_steps();
   void count_skipped_step(int64_t step, const StepValues& values);
@@ -154,8 +127,8 @@ class TrainingRun {
   Llama model_{nullptr};
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<Loader> loader_;
+  std::optional<StepParts> step_parts_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainingProgress progress_;
   std::optional<RunSchedule> schedule_;  // known once the resumed step is
@@ -221,25 +194,16 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   parameters_ = model_->parameters();
   flops_per_token_ =
       training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
-  // The reducer comes first: sharded, it moves the parameters into its buckets, whose parts the
-  // optimizer then holds.
   const bool sharded = shards_optimizer(config, world.size);
   if (config.dist.zero_stage == 1 && !sharded)
     spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
-  reducer_ = std::make_unique<GradReducer>(
-      parameters_, *communicator_,
-      ReducerOptions{.bucket_mb = config.dist.bucket_mb,
-                     .overlap = overlap_all_reduce(config.dist.overlap, device_),
-                     .compress_bf16 = config.dist.grad_dtype == "bf16" && world.size > 1,
-                     .shard = sharded});
-  const AdamWOptions adamw{config.optim.beta1, config.optim.beta2, config.optim.eps,
-                           config.optim.weight_decay};
-  if (sharded) {
-    optimizer_ = std::make_unique<ShardedAdamW>(hf_named_parameters(model_), *reducer_,
-                                                *communicator_, adamw);
-  } else {
-    optimizer_ = std::make_unique<AdamW>(hf_named_parameters(model_), adamw);
-  }
+  optimizer_ = make_optimizer(hf_named_parameters(model_), *communicator_,
+                              {.buckets = {.bucket_mb = config.dist.bucket_mb},
+                               .overlap = overlap_all_reduce(config.dist.overlap, device_),
+                               .compress_bf16 = config.dist.grad_dtype == "bf16" && world.size > 1,
+                               .zero1 = sharded,
+                               .adamw = {config.optim.beta1, config.optim.beta2, config.optim.eps,
+                                         config.optim.weight_decay}});
   if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) {
     progress_ = *resumed;
     if (!config.init_from.empty()) {
@@ -258,6 +222,17 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   loader_ = std::make_unique<Loader>(
       train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,
       progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
+  step_parts_.emplace(StepParts{.model = model_,
+                                .loader = *loader_,
+                                .optimizer = *optimizer_,
+                                .communicator = *communicator_,
+                                .optim = config.optim,
+                                .max_steps = schedule_->max_steps(),
+                                .grad_accum = layout_.grad_accum,
+                                .device = device_,
+                                .bf16 = precision_.bf16,
+                                .rank = world.rank,
+                                .hooks = hooks});
   if (leader_) {
     write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
     metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
@@ -337,7 +312,7 @@ void TrainingRun::run() {
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
     if (unread_.empty()) unread_since_ = Clock::now();
-    unread_.push_back(train_step(step));
+    unread_.push_back(train_step(*step_parts_, step));
     record_step(unread_.back());
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
@@ -371,48 +346,6 @@ void TrainingRun::run() {
   } catch (const std::exception& error) {
     spdlog::warn("no loss curve: {}", error.what());
   }
-}
-
-// Accumulates the step's gradients, clips them, and updates the weights at the scheduled learning
-// rate, unless the step went non-finite. Nothing here waits for the device.
-StepResult TrainingRun::train_step(int64_t step) {
-  const double waited_before = loader_->waited_seconds();
-  const Clock::time_point started = Clock::now();
-  StepResult result;
-  result.step = step;
-  result.loss = accumulate_gradients();
-  const Clock::time_point accumulated = Clock::now();
-  result.data_ms = (loader_->waited_seconds() - waited_before) * 1e3;
-  result.forward_backward_ms = seconds_between(started, accumulated) * 1e3 - result.data_ms;
-  if (hooks_.after_gradients) hooks_.after_gradients(step, world_.rank, parameters_);
-  result.grad_norm = optimizer_->clip_gradients(config_.optim.grad_clip);
-  result.lr = learning_rate(config_.optim, schedule_->max_steps(), step);
-  // A non-finite loss or gradient would poison the weights and the moments for good: the update
-  // is skipped, on the device. Every rank sees the same averaged loss and gradients, so all skip
-  // together; read_steps() counts the skipped steps when it reads them.
-  const at::Tensor skip =
-      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
-  optimizer_->step(result.lr, skip);
-  reducer_->gather_parameters();  // sharded: every rank's updated part to every rank
-  reducer_->zero_grad();
-  result.optimizer_ms = seconds_since(accumulated) * 1e3;
-  return result;
-}
-
-// Forward and backward over the step's micro-batches; only the last one's backward communicates.
-// Returns the step's loss averaged over the ranks, on the device.
-at::Tensor TrainingRun::accumulate_gradients() {
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
-  for (int64_t micro = 0; micro < layout_.grad_accum; ++micro) {
-    reducer_->set_sync(micro + 1 == layout_.grad_accum);
-    const at::Tensor window = loader_->next().tokens.to(device_, /*non_blocking=*/true);
-    loss_sum += forward_backward(model_, window, layout_.grad_accum, device_, precision_.bf16);
-  }
-  reducer_->finish();
-  // Averaged in double, so that the ranks' sum rounds as little as a host sum would.
-  at::Tensor loss = loss_sum.to(at::kDouble);
-  communicator_->all_reduce_average(loss)->wait();
-  return loss;
 }
 
 void TrainingRun::record_step(const StepResult& result) {

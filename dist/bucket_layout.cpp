@@ -1,0 +1,35 @@
+#include "dist/bucket_layout.h"
+
+namespace mltrain {
+
+at::Tensor BucketLayout::member_view(const at::Tensor& bucket, size_t k,
+                                     at::IntArrayRef sizes) const {
+  return bucket.narrow(0, offsets[k], c10::multiply_integers(sizes)).view(sizes);
+}
+
+std::vector<BucketLayout> assign_buckets(const std::vector<at::Tensor>& tensors, BucketSizes sizes,
+                                         int parts) {
+  constexpr double kMiB = 1 << 20;
+  std::vector<BucketLayout> buckets(1);
+  double capacity = sizes.first_bucket_mb * kMiB;
+  double filled = 0;
+  for (size_t i = tensors.size(); i-- > 0;) {
+    const auto bytes = static_cast<double>(tensors[i].numel() * tensors[i].element_size());
+    if (!buckets.back().members.empty() && filled + bytes > capacity) {
+      buckets.emplace_back();
+      filled = 0;
+      capacity = sizes.bucket_mb * kMiB;
+    }
+    BucketLayout& bucket = buckets.back();
+    bucket.members.push_back(i);
+    bucket.offsets.push_back(bucket.elements);
+    bucket.elements += tensors[i].numel();
+    filled += bytes;
+  }
+  if (buckets.back().members.empty()) return {};  // no tensors
+  for (BucketLayout& bucket : buckets)
+    bucket.elements = (bucket.elements + parts - 1) / parts * parts;
+  return buckets;
+}
+
+}  // namespace mltrain

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/bucket_layout.h"
+#include "dist/communicator.h"
+#include "trainer/optim/adamw.h"
+
+namespace mltrain {
+
+// The gradients an update reads, averaged over the ranks: every parameter's whole gradient, or,
+// under ZeRO-1, this rank's part of them, whose global norm is a sum over `ranks`.
+struct ReducedGradients {
+  std::vector<at::Tensor> tensors;
+  Communicator* ranks = nullptr;  // set when each rank holds a part only
+};
+
+// A data-parallel rank's optimizer, used in the order of a training step (run/train_step.h):
+// each micro-step's backward, with set_sync(true) before the last one; reduce_gradients(); the
+// caller clips what it returns (clipping.h); update(). Implementations: AdamW on every rank with
+// all-reduced gradients (replicated_adamw.h), and ZeRO-1 (zero1_adamw.h).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // Whether the coming backward is the step's last: only its gradients are averaged over the
+  // ranks, as backward produces them.
+  virtual void set_sync(bool last_micro_step) = 0;
+
+  // Waits until the step's gradients are averaged over the ranks, and returns what update() reads.
+  virtual ReducedGradients reduce_gradients() = 0;
+
+  // AdamW with learning rate `lr`, unless `skip` (a float scalar on the parameters' device) is 1:
+  // then no weight and no moment changes. Every rank ends with the same weights, and gradients at
+  // zero for the next step.
+  virtual void update(double lr, const at::Tensor& skip) = 0;
+
+  // Every parameter's moments and step count, as "<name>.exp_avg", "<name>.exp_avg_sq" and
+  // "<name>.step": the same tensors however the state is held, so that a checkpoint resumes on any
+  // number of ranks, sharded or not. Where the state is sharded this is a collective that every
+  // rank calls, and only rank 0 gets the state (on the CPU); the others get none.
+  virtual OptimizerState state() const = 0;
+
+  // Restores a state() of the same parameters (whole, from any sharding); a missing or misshapen
+  // entry is a UserError naming `source` and the entry.
+  virtual void load_state(const OptimizerState& saved, const std::string& source) = 0;
+
+  // The bytes of optimizer state this rank holds.
+  virtual int64_t state_bytes() const = 0;
+};
+
+struct DataParallelOptions {
+  BucketSizes buckets;
+  bool overlap = true;         // reduce each bucket while backward runs (grad_reducer.h)
+  bool compress_bf16 = false;  // gradients travel as bf16
+  bool zero1 = false;          // shard the optimizer state over the ranks (ZeRO-1)
+  AdamWOptions adamw;
+};
+
+// The optimizer of `parameters` (a model's, by name) on the ranks of `communicator`.
+std::unique_ptr<Optimizer> make_optimizer(const NamedParameters& parameters,
+                                          Communicator& communicator,
+                                          const DataParallelOptions& options);
+
+}  // namespace mltrain
