@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
     }
     const mltrain::Tokenizer tokenizer(config.data.tokenizer);
     mltrain::check_weights_can_fill(config.model, config_file.string(), weights);
-    mltrain::Llama model(config.model);
+    mltrain::Llama model(config.model, mltrain::choose_kernels(config.train.kernels, device));
     mltrain::load_model_weights(model, weights);
     model->to(device);
     model->eval();

@@ -27,7 +27,7 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
                                           /*scale=*/std::nullopt, /*enable_gqa=*/true);
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& config)
+AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels)
     : wq(register_module("wq", torch::nn::Linear(bias_free_linear(
                                    config.d_model, config.n_q_heads * config.head_dim)))),
       wk(register_module("wk", torch::nn::Linear(bias_free_linear(
@@ -38,7 +38,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& config)
                                    config.n_q_heads * config.head_dim, config.d_model)))),
       n_q_heads_(config.n_q_heads),
       n_kv_heads_(config.n_kv_heads),
-      head_dim_(config.head_dim) {}
+      head_dim_(config.head_dim),
+      kernels_(kernels) {}
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   int64_t start_pos, KVCache* cache, int64_t layer) {
@@ -46,10 +47,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t length = x.size(1);
   // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].
   at::Tensor q =
-      rotate_heads(project(x, wq->weight).view({batch, length, n_q_heads_, head_dim_}), cos, sin);
+      rotate_heads(project(x, wq->weight, kernels_).view({batch, length, n_q_heads_, head_dim_}),
+                   cos, sin, kernels_);
   at::Tensor k =
-      rotate_heads(project(x, wk->weight).view({batch, length, n_kv_heads_, head_dim_}), cos, sin);
-  at::Tensor v = project(x, wv->weight).view({batch, length, n_kv_heads_, head_dim_});
+      rotate_heads(project(x, wk->weight, kernels_).view({batch, length, n_kv_heads_, head_dim_}),
+                   cos, sin, kernels_);
+  at::Tensor v = project(x, wv->weight, kernels_).view({batch, length, n_kv_heads_, head_dim_});
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
@@ -76,7 +79,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
       sdpa_needs_repeated_kv(q.device().type(), q.scalar_type(), n_q_heads_, n_kv_heads_);
   const at::Tensor attended = grouped_query_sdpa(q, k, v, mask, is_causal, repeat_kv);
   return project(attended.transpose(1, 2).reshape({batch, length, n_q_heads_ * head_dim_}),
-                 wo->weight);
+                 wo->weight, kernels_);
 }
 
 }  // namespace mltrain

@@ -9,6 +9,7 @@
 
 #include <optional>
 
+#include "model/kernels.h"
 #include "model/model_config.h"
 
 namespace mltrain {
@@ -36,7 +37,7 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 // so the repeated K/V of a naive implementation are built only where that saves the scores.
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& config);
+  AttentionImpl(const ModelConfig& config, Kernels kernels);
 
   // x [B, T, d_model] holds tokens at positions [start_pos, start_pos + T); cos/sin are the rotary
   // tables of those positions. With a cache, this layer's keys and values are appended to it
@@ -55,6 +56,7 @@ class AttentionImpl : public torch::nn::Module {
   int64_t n_q_heads_;
   int64_t n_kv_heads_;
   int64_t head_dim_;
+  Kernels kernels_;
 };
 TORCH_MODULE(Attention);
 

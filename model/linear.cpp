@@ -4,8 +4,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "model/kernel_choice.h"
-
 namespace mltrain {
 namespace {
 
@@ -51,16 +49,16 @@ class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> 
   }
 };
 
-bool accumulates_in_gemm(const at::Tensor& x, const at::Tensor& weight) {
-  return at::GradMode::is_enabled() && weight.requires_grad() && weight.is_leaf() &&
-         use_fused_cpu_kernel(x) && x.scalar_type() == at::kFloat &&
+bool accumulates_in_gemm(const at::Tensor& x, const at::Tensor& weight, Kernels kernels) {
+  return kernels == Kernels::fused_cpu && x.device().is_cpu() && at::GradMode::is_enabled() &&
+         weight.requires_grad() && weight.is_leaf() && x.scalar_type() == at::kFloat &&
          weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(c10::kCPU);
 }
 
 }  // namespace
 
-at::Tensor project(const at::Tensor& x, const at::Tensor& weight) {
-  if (accumulates_in_gemm(x, weight)) return ProjectionFunction::apply(x, weight);
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, Kernels kernels) {
+  if (accumulates_in_gemm(x, weight, kernels)) return ProjectionFunction::apply(x, weight);
   return at::linear(x, weight);
 }
 

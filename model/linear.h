@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "model/kernels.h"
+
 namespace mltrain {
 
 // The options of every projection in the model: in -> out features, no bias (LLaMA has none).
@@ -12,8 +14,8 @@ inline torch::nn::LinearOptions bias_free_linear(int64_t in, int64_t out) {
   return torch::nn::LinearOptions(in, out).bias(false);
 }
 
-// x [.., in] @ weight [out, in]^T, as at::linear without a bias. Where the fused CPU kernels run
-// (kernel_choice.h), in fp32 outside autocast, backward adds the weight's gradient straight into
+// x [.., in] @ weight [out, in]^T, as at::linear without a bias. With Kernels::fused_cpu, on the
+// CPU in fp32 outside autocast, backward adds the weight's gradient straight into
 // weight.grad() inside its GEMM (addmm_, as Megatron's gradient-accumulation fusion), where the
 // plain path makes a temporary that AccumulateGrad then adds in: one pass over every weight per
 // micro-step saved. A .grad that is a view into a gradient bucket (dist/grad_reducer.h) so
@@ -21,6 +23,6 @@ inline torch::nn::LinearOptions bias_free_linear(int64_t in, int64_t out) {
 // backward, after it. The gradient reaches .grad only: hooks on the gradient itself
 // (register_hook) and autograd::grad with respect to the weight see none; train.kernels: aten
 // (or autocast) gives the plain path for them.
-at::Tensor project(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, Kernels kernels);
 
 }  // namespace mltrain

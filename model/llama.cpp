@@ -10,7 +10,6 @@
 
 #include "common/error.h"
 #include "model/activation_checkpoint.h"
-#include "model/kernel_choice.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
 #include "model/linear_cross_entropy.h"
@@ -30,11 +29,11 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const RotaryImpl& rotary, int64_
 
 }  // namespace
 
-BlockImpl::BlockImpl(const ModelConfig& config)
-    : attn_norm(register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps))),
-      attn(register_module("attn", Attention(config))),
-      ffn_norm(register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps))),
-      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn))) {}
+BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels)
+    : attn_norm(register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, kernels))),
+      attn(register_module("attn", Attention(config, kernels))),
+      ffn_norm(register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, kernels))),
+      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn, kernels))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               int64_t start_pos, KVCache* cache, int64_t layer) {
@@ -42,20 +41,21 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return h + ffn(ffn_norm(h));
 }
 
-LlamaImpl::LlamaImpl(const ModelConfig& config)
+LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels)
     : token_embeddings(register_module(
           "token_embeddings",
           torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.d_model)))),
       norm(nullptr),
       rotary(nullptr),
-      config_(config) {
+      config_(config),
+      kernels_(kernels) {
   config_.validate();
   auto layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {
-    layers.push_back(Block(config));
+    layers.push_back(Block(config, kernels));
     layer_list->push_back(layers.back());
   }
-  norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps));
+  norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps, kernels));
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head", torch::nn::Linear(bias_free_linear(config.d_model, config.vocab_size)));
@@ -126,7 +126,8 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
 
 at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   const at::Tensor h = hidden_states(tokens);
-  if (!use_chunked_loss(h)) return next_token_loss(at::linear(h, output_weight()), targets);
+  if (kernels_ != Kernels::fused_cpu || !h.device().is_cpu())
+    return next_token_loss(at::linear(h, output_weight()), targets);
   return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
 }
 

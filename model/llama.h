@@ -10,6 +10,7 @@
 
 #include "model/attention.h"
 #include "model/feed_forward.h"
+#include "model/kernels.h"
 #include "model/model_config.h"
 #include "model/rms_norm.h"
 #include "model/rotary.h"
@@ -21,7 +22,7 @@ class KVCache;
 // Pre-norm decoder block: x + attn(attn_norm(x)), then h + ffn(ffn_norm(h)).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& config);
+  BlockImpl(const ModelConfig& config, Kernels kernels);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t start_pos, KVCache* cache, int64_t layer);
 
@@ -39,7 +40,8 @@ TORCH_MODULE(Block);
 // Hugging Face's.
 class LlamaImpl : public torch::nn::Module {
  public:
-  explicit LlamaImpl(const ModelConfig& config);
+  // `kernels`: the implementation every layer and the loss run (kernels.h).
+  LlamaImpl(const ModelConfig& config, Kernels kernels);
 
   // tokens [B, T] (int64) at positions [start_pos, start_pos + T) -> logits [B, T, vocab_size].
   // With a cache, every layer appends its keys and values and attends over the cached prefix; with
@@ -52,7 +54,7 @@ class LlamaImpl : public torch::nn::Module {
                            KVCache* cache = nullptr);
 
   // The training loss: mean next-token cross-entropy of tokens [B, T] against targets [B, T]
-  // (the next tokens), a 0-dim fp32 tensor. With use_chunked_loss(hidden) it goes through the
+  // (the next tokens), a 0-dim fp32 tensor. With Kernels::fused_cpu on the CPU it goes through the
   // output projection in chunks (linear_cross_entropy.h) and never holds the [B, T, V] logits;
   // otherwise it is next_token_loss(forward(tokens), targets).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
@@ -71,6 +73,7 @@ class LlamaImpl : public torch::nn::Module {
   bool activation_checkpointing() const { return activation_checkpointing_; }
 
   const ModelConfig& config() const { return config_; }
+  Kernels kernels() const { return kernels_; }
   int64_t num_parameters() const;
   const at::Tensor& output_weight() const;
 
@@ -82,6 +85,7 @@ class LlamaImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  Kernels kernels_;
   bool activation_checkpointing_ = false;
 };
 TORCH_MODULE(Llama);

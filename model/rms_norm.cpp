@@ -3,16 +3,14 @@
 #include <ATen/ATen.h>
 
 #include "model/cpu_kernels.h"
-#include "model/kernel_choice.h"
 
 namespace mltrain {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps)
-    : weight(register_parameter("weight", at::ones({dim}))), eps_(eps) {}
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels)
+    : weight(register_parameter("weight", at::ones({dim}))), eps_(eps), kernels_(kernels) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  if (use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
-      weight.scalar_type() == at::kFloat) {
+  if (runs_fused_cpu(kernels_, x) && weight.scalar_type() == at::kFloat) {
     return fused_rms_norm(x, weight, eps_);
   }
   return rms_norm_composition(x, weight, eps_);

@@ -3,21 +3,24 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "model/kernels.h"
+
 namespace mltrain {
 
 // x / sqrt(mean(x^2) + eps) * weight. The statistic is computed in fp32 whatever the input dtype
 // (bf16 squares underflow) and the normalised value is cast back before the learnable scale.
-// Runs fused_rms_norm (model/cpu_kernels.h) where kernel_choice() and the dtypes allow it, the
-// composition otherwise.
+// With Kernels::fused_cpu it runs fused_rms_norm (model/cpu_kernels.h) where the device and the
+// dtypes allow it, the composition otherwise.
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
+  RMSNormImpl(int64_t dim, double eps, Kernels kernels);
   at::Tensor forward(const at::Tensor& x);
 
   at::Tensor weight;
 
  private:
   double eps_;
+  Kernels kernels_;
 };
 TORCH_MODULE(RMSNorm);
 

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include "model/cpu_kernels.h"
-#include "model/kernel_choice.h"
 
 namespace mltrain {
 
@@ -23,9 +22,10 @@ at::Tensor RotaryImpl::rows_at(const at::Tensor& table, const at::Tensor& positi
       .view({positions.size(0), positions.size(1), -1});
 }
 
-at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (cos.dim() == 2 && use_fused_cpu_kernel(x) && fused_kernels_support(x.scalar_type()) &&
-      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        Kernels kernels) {
+  if (cos.dim() == 2 && runs_fused_cpu(kernels, x) && cos.scalar_type() == at::kFloat &&
+      sin.scalar_type() == at::kFloat) {
     return fused_rotary(x, cos, sin);
   }
   return apply_rotary(x, cos, sin);

@@ -3,6 +3,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "model/kernels.h"
+
 namespace mltrain {
 
 // Rotary position embedding, rotate-half convention (Hugging Face LLaMA): dimension i is paired
@@ -30,9 +32,10 @@ class RotaryImpl : public torch::nn::Module {
 TORCH_MODULE(Rotary);
 
 // Rotates x [B, T, H, head_dim] by tables [T, head_dim], or [B, T, head_dim] for positions per row:
-// fused_rotary (model/cpu_kernels.h) where kernel_choice(), the dtypes and shared tables allow
-// it, apply_rotary otherwise.
-at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device, the dtypes and
+// shared tables allow it; apply_rotary otherwise.
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        Kernels kernels);
 
 // The same as plain ATen operators (tables cast to x's dtype): the reference of the fused kernel.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

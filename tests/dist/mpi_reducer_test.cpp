@@ -27,7 +27,7 @@ std::vector<at::Tensor> reduced_gradients(const World& ranks, const at::Tensor& 
                                           bool overlap, int64_t micro_steps,
                                           bool compress_bf16 = false) {
   at::manual_seed(7);
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const auto communicator = make_communicator(ranks);
   GradReducer reducer(
       model->parameters(),

@@ -36,7 +36,7 @@ void backward_on(Llama& model, const at::Tensor& windows) {
 
 Llama fresh_model() {
   at::manual_seed(7);
-  return Llama(testing::tiny_config());
+  return Llama(testing::tiny_config(), Kernels::fused_cpu);
 }
 
 const BucketSizes small_buckets{.bucket_mb = 0.02, .first_bucket_mb = 0.01};

@@ -86,7 +86,7 @@ TEST(AttentionBackend, Fp32ForwardOnCudaEqualsTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   at::manual_seed(22);
   ModelConfig config;  // the base config's attention: d_model 512, 8 / 2 heads of 64
-  Attention attention(config);
+  Attention attention(config, Kernels::aten);
   Rotary rotary(config.head_dim, config.max_seq_len, config.rope_theta);
   const int64_t length = 256;
   const at::Tensor x = at::randn({2, length, config.d_model});
@@ -109,7 +109,7 @@ TEST(AttentionBackend, Bf16ModuleTrainsWithoutTheMathKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   at::manual_seed(23);
   ModelConfig config;
-  Attention attention(config);
+  Attention attention(config, Kernels::aten);
   attention->to(at::kCUDA);
   Rotary rotary(config.head_dim, config.max_seq_len, config.rope_theta);
   const at::Tensor x =

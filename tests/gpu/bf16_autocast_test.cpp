@@ -38,7 +38,7 @@ class Bf16Autocast : public ::testing::Test {
   void SetUp() override {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
     at::manual_seed(30);
-    model = Llama(tiny_config());
+    model = Llama(tiny_config(), Kernels::aten);
     model->to(at::kCUDA);
     window = at::randint(tiny_config().vocab_size, {4, 33}, at::TensorOptions().dtype(at::kLong))
                  .to(at::kCUDA);

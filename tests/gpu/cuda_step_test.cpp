@@ -25,7 +25,7 @@ TEST(CudaStep, GradientsStayViewsIntoTheirBucketsAfterBackward) {
   SKIP_WITHOUT_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   at::manual_seed(5);
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::aten);
   model->to(cuda);
   const auto communicator = make_communicator(World());
   GradReducer reducer(

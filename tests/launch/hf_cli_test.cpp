@@ -57,7 +57,7 @@ TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   EXPECT_CONTAINS(exported.output, "the run has no tokenizer");
   EXPECT_CONTAINS(exported.output, "AutoModelForCausalLM.from_pretrained(\"" + out + "\")");
 
-  Llama model(testing::tiny_run(dir.path()).model);
+  Llama model(testing::tiny_run(dir.path()).model, Kernels::fused_cpu);
   load_model_weights(model, dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors");
   at::manual_seed(5);
   const at::Tensor tokens = at::randint(32, {3, 16}, at::kLong);

@@ -92,7 +92,7 @@ class MlgenOnATinyModel : public ::testing::Test {
     config.data.tokenizer = tokenizer_file.string();
     testing::write_text(directory_ / "config.yaml", config_to_yaml(config));
     at::manual_seed(3);
-    Llama model(config.model);
+    Llama model(config.model, Kernels::fused_cpu);
     const std::vector<uint32_t> newline = tokenizer.encode("\n");
     ASSERT_EQ(newline.size(), 1u);
     {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "model/autocast_region.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/cpu_allocation_counter.h"
@@ -39,11 +39,11 @@ Batch make_batch(const ModelConfig& config, int64_t rows, int64_t length) {
   return {window.narrow(1, 0, length), window.narrow(1, 1, length)};
 }
 
-Llama make_model(int64_t n_layers) {
+Llama make_model(int64_t n_layers, Kernels kernels) {
   ModelConfig config = tiny_config();
   config.n_layers = n_layers;
   at::manual_seed(1);
-  return Llama(config);
+  return Llama(config, kernels);
 }
 
 // How many checkpointed calls the graph behind `output` records.
@@ -92,11 +92,10 @@ Step run_step(Llama& model, const Batch& batch, bool checkpointing, Precision pr
   return step;
 }
 
-class ActivationCheckpointLlama : public ::testing::TestWithParam<KernelChoice> {};
+class ActivationCheckpointLlama : public ::testing::TestWithParam<Kernels> {};
 
 TEST_P(ActivationCheckpointLlama, Fp32LossAndGradientsEqualThoseWithout) {
-  const KernelChoiceGuard kernels(GetParam());
-  Llama model = make_model(3);
+  Llama model = make_model(3, GetParam());
   const Batch batch = make_batch(model->config(), 2, 16);
   const Step plain = run_step(model, batch, false, Precision::fp32);
   const Step checkpointed = run_step(model, batch, true, Precision::fp32);
@@ -113,8 +112,7 @@ TEST_P(ActivationCheckpointLlama, Fp32LossAndGradientsEqualThoseWithout) {
 // The recomputation runs the same bf16 ops on the same values as the forward pass, and its backward
 // the same ops as the plain backward: the results are the same bits.
 TEST_P(ActivationCheckpointLlama, Bf16AutocastGradientsAreTheSameBits) {
-  const KernelChoiceGuard kernels(GetParam());
-  Llama model = make_model(3);
+  Llama model = make_model(3, GetParam());
   const Batch batch = make_batch(model->config(), 2, 16);
   for (const Precision precision :
        {Precision::bf16_forward, Precision::bf16_forward_and_backward}) {
@@ -137,9 +135,8 @@ TEST_P(ActivationCheckpointLlama, Bf16AutocastGradientsAreTheSameBits) {
 // after the optimizer changed the weights. Here the next step runs without checkpointing, whose
 // forward pass reads the cache, and must match a model that never had a stale cache.
 TEST_P(ActivationCheckpointLlama, NoCastOfAWeightOutlivesTheBackwardThatMadeIt) {
-  const KernelChoiceGuard kernels(GetParam());
-  Llama model = make_model(2);
-  Llama untouched = make_model(2);
+  Llama model = make_model(2, GetParam());
+  Llama untouched = make_model(2, GetParam());
   const Batch batch = make_batch(model->config(), 2, 16);
   run_step(model, batch, true, Precision::bf16_forward);
   {
@@ -174,8 +171,7 @@ class RecordingHook : public torch::autograd::PostAccumulateGradHook {
 // The gradient reducer (dist/grad_reducer.h) launches a bucket's all-reduce from these hooks: each
 // must run once per backward, with the parameter's whole gradient already in .grad.
 TEST_P(ActivationCheckpointLlama, PostAccumulateGradHooksRunOncePerBackwardAfterTheGradient) {
-  const KernelChoiceGuard kernels(GetParam());
-  Llama model = make_model(2);
+  Llama model = make_model(2, GetParam());
   model->set_activation_checkpointing(true);
   const Batch batch = make_batch(model->config(), 2, 16);
   const std::vector<at::Tensor> parameters = model->parameters();
@@ -199,15 +195,15 @@ TEST_P(ActivationCheckpointLlama, PostAccumulateGradHooksRunOncePerBackwardAfter
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ActivationCheckpointLlama,
-                         ::testing::Values(KernelChoice::fused, KernelChoice::aten),
-                         [](const ::testing::TestParamInfo<KernelChoice>& info) {
-                           return info.param == KernelChoice::fused ? "fused" : "aten";
+                         ::testing::Values(Kernels::fused_cpu, Kernels::aten),
+                         [](const ::testing::TestParamInfo<Kernels>& info) {
+                           return info.param == Kernels::fused_cpu ? "fused" : "aten";
                          });
 
 // What the graph of a forward pass holds until backward: every block's activations, or only each
 // block's input.
 TEST(ActivationCheckpointMemory, KeepsSeveralTimesLessUntilBackward) {
-  Llama model = make_model(8);
+  Llama model = make_model(8, Kernels::fused_cpu);
   const Batch batch = make_batch(model->config(), 4, 64);
   const auto bytes_held = [&](bool checkpointing) {
     model->set_activation_checkpointing(checkpointing);

@@ -41,7 +41,7 @@ at::Tensor repeat_kv_attention(AttentionImpl& attention, const ModelConfig& conf
 TEST(Attention, GroupedQueryThroughSdpaEqualsRepeatedKeyValues) {
   at::manual_seed(10);
   const ModelConfig config = tiny_config();
-  Attention attention(config);
+  Attention attention(config, Kernels::fused_cpu);
   Rotary rotary(config.head_dim, config.max_seq_len, config.rope_theta);
   const at::Tensor x = at::randn({3, 20, config.d_model});
   const at::Tensor cos = rotary->cos(0, 20), sin = rotary->sin(0, 20);
@@ -92,7 +92,7 @@ class TinyLlama : public ::testing::Test {
  protected:
   void SetUp() override {
     at::manual_seed(11);
-    model = Llama(tiny_config());
+    model = Llama(tiny_config(), Kernels::fused_cpu);
     model->eval();
     tokens = at::randint(tiny_config().vocab_size, {2, 24});
   }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/feed_forward.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 #include "model/rms_norm.h"
 #include "model/rotary.h"
 #include "tests/support/test_support.h"
@@ -82,7 +82,7 @@ using FusedKernel = RunsWhereTheKernelsDo;
 using FusedKernelRMSNorm = RunsWhereTheKernelsDo;
 using FusedKernelRotary = RunsWhereTheKernelsDo;
 using FusedKernelSwiGLU = RunsWhereTheKernelsDo;
-using FusedKernelChoice = RunsWhereTheKernelsDo;
+using FusedKernelLayers = RunsWhereTheKernelsDo;
 
 std::string node_name(const at::Tensor& t) {
   return t.grad_fn() ? t.grad_fn()->name() : std::string("(no grad_fn)");
@@ -287,12 +287,13 @@ TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
   EXPECT_THROW(fused_swiglu(x.to(at::kDouble), x.to(at::kDouble)), c10::Error);
 }
 
-// The layers pick the kernel by kernel_choice(): fused by default on the CPU, the composition,
-// bit for bit, under aten; and the composition for dtypes the kernels do not take.
-TEST_F(FusedKernelChoice, LayersRunTheFusedKernelByDefaultAndTheCompositionUnderAten) {
+// Layers built with the fused CPU kernels run them, and the composition for dtypes the kernels do
+// not take; layers built with the aten kernels, side by side, run the composition, bit for bit.
+TEST_F(FusedKernelLayers, LayersRunTheKernelsTheyAreBuiltWith) {
   at::manual_seed(400);
-  RMSNorm norm(37, 1e-6);
-  FeedForward ffn(37, 53);
+  RMSNorm norm(37, 1e-6, Kernels::fused_cpu);
+  RMSNorm aten_norm(37, 1e-6, Kernels::aten);
+  FeedForward aten_ffn(37, 53, Kernels::aten);
   const RotaryCase t = rotary_tables();
   const at::Tensor x = at::randn({2, 5, 37}).requires_grad_();
   const at::Tensor heads = at::randn({2, 5, 3, 74}).requires_grad_();
@@ -300,19 +301,21 @@ TEST_F(FusedKernelChoice, LayersRunTheFusedKernelByDefaultAndTheCompositionUnder
   const at::Tensor up = at::randn({2, 5, 53});
 
   EXPECT_NE(node_name(norm(x)).find("RMSNormFunction"), std::string::npos) << node_name(norm(x));
-  EXPECT_NE(node_name(rotate_heads(heads, t.cos, t.sin)).find("RotaryFunction"), std::string::npos);
-  EXPECT_NE(node_name(swiglu(gate, up)).find("SwiGLUFunction"), std::string::npos);
+  EXPECT_NE(node_name(rotate_heads(heads, t.cos, t.sin, Kernels::fused_cpu)).find("RotaryFunction"),
+            std::string::npos);
+  EXPECT_NE(node_name(swiglu(gate, up, Kernels::fused_cpu)).find("SwiGLUFunction"),
+            std::string::npos);
   EXPECT_EQ(node_name(norm(x.to(at::kDouble))).find("RMSNormFunction"), std::string::npos);
 
-  KernelChoiceGuard aten(KernelChoice::aten);
-  EXPECT_TRUE(at::equal(norm(x), rms_norm_composition(x, norm->weight, 1e-6)));
-  EXPECT_EQ(node_name(norm(x)), node_name(rms_norm_composition(x, norm->weight, 1e-6)));
-  EXPECT_TRUE(at::equal(rotate_heads(heads, t.cos, t.sin), apply_rotary(heads, t.cos, t.sin)));
-  EXPECT_EQ(node_name(rotate_heads(heads, t.cos, t.sin)),
-            node_name(apply_rotary(heads, t.cos, t.sin)));
-  EXPECT_TRUE(at::equal(swiglu(gate, up), swiglu_composition(gate, up)));
-  EXPECT_EQ(node_name(swiglu(gate, up)), node_name(swiglu_composition(gate, up)));
-  EXPECT_TRUE(at::equal(ffn(x), ffn->w_down(swiglu_composition(ffn->w_gate(x), ffn->w_up(x)))));
+  EXPECT_TRUE(at::equal(aten_norm(x), rms_norm_composition(x, aten_norm->weight, 1e-6)));
+  EXPECT_EQ(node_name(aten_norm(x)), node_name(rms_norm_composition(x, aten_norm->weight, 1e-6)));
+  const at::Tensor rotated = rotate_heads(heads, t.cos, t.sin, Kernels::aten);
+  EXPECT_TRUE(at::equal(rotated, apply_rotary(heads, t.cos, t.sin)));
+  EXPECT_EQ(node_name(rotated), node_name(apply_rotary(heads, t.cos, t.sin)));
+  EXPECT_TRUE(at::equal(swiglu(gate, up, Kernels::aten), swiglu_composition(gate, up)));
+  EXPECT_EQ(node_name(swiglu(gate, up, Kernels::aten)), node_name(swiglu_composition(gate, up)));
+  EXPECT_TRUE(at::equal(
+      aten_ffn(x), aten_ffn->w_down(swiglu_composition(aten_ffn->w_gate(x), aten_ffn->w_up(x)))));
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ class Generate : public ::testing::Test {
  protected:
   void SetUp() override {
     at::manual_seed(21);
-    model = Llama(tiny_config());
+    model = Llama(tiny_config(), Kernels::fused_cpu);
     model->eval();
   }
 

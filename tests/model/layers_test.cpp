@@ -11,7 +11,7 @@ namespace mltrain {
 namespace {
 
 TEST(RMSNorm, WorkedExampleOfTheModelChapter) {
-  RMSNorm norm(4, 1e-6);
+  RMSNorm norm(4, 1e-6, Kernels::fused_cpu);
   const at::Tensor out = norm(at::tensor({2.0f, -2.0f, 2.0f, -2.0f}));
   // rms = sqrt(mean(4, 4, 4, 4) + eps) = sqrt(4 + 1e-6)
   const float expected = static_cast<float>(2.0 / std::sqrt(4.0 + 1e-6));
@@ -21,7 +21,7 @@ TEST(RMSNorm, WorkedExampleOfTheModelChapter) {
 
 TEST(RMSNorm, ScaleInvariant) {
   at::manual_seed(0);
-  RMSNorm norm(64, 1e-6);
+  RMSNorm norm(64, 1e-6, Kernels::fused_cpu);
   const at::Tensor x = at::randn({3, 64});
   EXPECT_TRUE(at::allclose(norm(x * 1000.0), norm(x), 1e-5, 1e-6));
   // The sign of the scale carries through: RMSNorm(a x) = sign(a) RMSNorm(x).
@@ -29,7 +29,7 @@ TEST(RMSNorm, ScaleInvariant) {
 }
 
 TEST(RMSNorm, AppliesTheLearnedScalePerChannel) {
-  RMSNorm norm(4, 1e-6);
+  RMSNorm norm(4, 1e-6, Kernels::fused_cpu);
   at::NoGradGuard no_grad;
   norm->weight.copy_(at::tensor({1.0f, 2.0f, 3.0f, 4.0f}));
   const at::Tensor out = norm(at::tensor({2.0f, -2.0f, 2.0f, -2.0f}));
@@ -38,7 +38,7 @@ TEST(RMSNorm, AppliesTheLearnedScalePerChannel) {
 
 TEST(RMSNorm, Bf16InputIsNormalisedInFp32) {
   at::manual_seed(1);
-  RMSNorm norm(256, 1e-6);
+  RMSNorm norm(256, 1e-6, Kernels::fused_cpu);
   const at::Tensor x = (at::randn({8, 256}) * 30).to(at::kBFloat16);
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor in_fp32 = (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + 1e-6)).to(at::kBFloat16);

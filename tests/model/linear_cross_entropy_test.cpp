@@ -12,8 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
 #include "model/autocast_region.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
@@ -169,12 +170,11 @@ struct ModelLossAndGradients {
   std::vector<std::pair<std::string, at::Tensor>> gradients;
 };
 
-ModelLossAndGradients model_loss(KernelChoice choice, const at::Tensor& window) {
-  const KernelChoiceGuard kernels(choice);
+ModelLossAndGradients model_loss(Kernels kernels, const at::Tensor& window) {
   ModelConfig config = testing::tiny_config();
   config.vocab_size = 20'000;  // 52 rows a chunk: the 3 x 40 positions take three chunks
   at::manual_seed(11);
-  Llama model(config);
+  Llama model(config, kernels);
   const int64_t length = window.size(1) - 1;
   const at::Tensor loss = model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
   loss.backward();
@@ -189,8 +189,8 @@ ModelLossAndGradients model_loss(KernelChoice choice, const at::Tensor& window) 
 TEST(LinearCrossEntropy, TiedModelLossMatchesThePlainPath) {
   at::manual_seed(12);
   const at::Tensor window = at::randint(20'000, {3, 41});
-  const ModelLossAndGradients aten = model_loss(KernelChoice::aten, window);
-  const ModelLossAndGradients fused = model_loss(KernelChoice::fused, window);
+  const ModelLossAndGradients aten = model_loss(Kernels::aten, window);
+  const ModelLossAndGradients fused = model_loss(Kernels::fused_cpu, window);
   EXPECT_LE(relative_error(fused.loss, aten.loss), 1e-6);
   ASSERT_EQ(fused.gradients.size(), aten.gradients.size());
   for (size_t i = 0; i < aten.gradients.size(); ++i) {
@@ -209,12 +209,21 @@ TEST(LinearCrossEntropy, RefusesASecondDerivative) {
                c10::Error);
 }
 
-TEST(LinearCrossEntropy, ChunkedOnTheCpuOnlyAndNotOnTheAtenLayers) {
-  EXPECT_TRUE(use_chunked_loss(at::empty({1})));
-  EXPECT_FALSE(use_chunked_loss(at::empty({1}, at::TensorOptions().device(at::kMeta))))
-      << "another device keeps the plain loss until one has measured the chunked one";
-  const KernelChoiceGuard aten(KernelChoice::aten);
-  EXPECT_FALSE(use_chunked_loss(at::empty({1})));
+// train.kernels fused is the fused CPU kernels on the CPU only: another device keeps the ATen
+// layers and the plain loss until one has measured fused ones there.
+TEST(ChooseKernels, FusedOnTheCpuOnlyAndAtenEverywhere) {
+  const c10::Device cpu(c10::kCPU);
+  const c10::Device cuda(c10::kCUDA, 0);
+  EXPECT_EQ(choose_kernels("fused", cpu), Kernels::fused_cpu);
+  EXPECT_EQ(choose_kernels("fused", cuda), Kernels::aten);
+  EXPECT_EQ(choose_kernels("aten", cpu), Kernels::aten);
+  EXPECT_EQ(choose_kernels("aten", cuda), Kernels::aten);
+  try {
+    choose_kernels("fast", cpu);
+    ADD_FAILURE() << "a name that is neither fused nor aten was taken";
+  } catch (const UserError& error) {
+    EXPECT_STREQ(error.what(), "train.kernels is fused or aten, not 'fast'");
+  }
 }
 
 }  // namespace

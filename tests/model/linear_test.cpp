@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "model/autocast_region.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 
 namespace mltrain {
 namespace {
@@ -57,13 +57,12 @@ std::pair<at::Tensor, at::Tensor> reference_grads(const Case& c) {
 // The gradient reducer launches a bucket from the post-accumulate hook: it must run once per
 // backward, with the gradient already in .grad.
 TEST(Projection, GradientsEqualLinearsAndTheHookRunsOnceAfterThem) {
-  const KernelChoiceGuard fused(KernelChoice::fused);
   const Case c = make_case();
   int hook_calls = 0;
   at::Tensor seen_by_hook;
   torch::autograd::impl::set_post_acc_grad_hooks(
       c.weight, std::make_unique<RecordingHook>(&hook_calls, &seen_by_hook));
-  const at::Tensor out = project(c.x, c.weight);
+  const at::Tensor out = project(c.x, c.weight, Kernels::fused_cpu);
   EXPECT_TRUE(runs_projection(out));
   EXPECT_TRUE(at::equal(out, at::linear(c.x, c.weight)));
   out.backward(c.upstream);
@@ -77,12 +76,11 @@ TEST(Projection, GradientsEqualLinearsAndTheHookRunsOnceAfterThem) {
 
 // A gradient bucket's view receives the gradient in place: the same memory, added to.
 TEST(Projection, AddsTheWeightGradientIntoAnExistingGradInPlace) {
-  const KernelChoiceGuard fused(KernelChoice::fused);
   const Case c = make_case();
   const at::Tensor bucket = at::full({100}, 0.5f);
   const at::Tensor view = bucket.narrow(0, 4, 48).view({6, 8});
   c.weight.mutable_grad() = view;
-  const at::Tensor out = project(c.x, c.weight);
+  const at::Tensor out = project(c.x, c.weight, Kernels::fused_cpu);
   ASSERT_TRUE(runs_projection(out)) << "AccumulateGrad would add in place too";
   out.backward(c.upstream);
   const auto [grad_x, grad_weight] = reference_grads(c);
@@ -92,17 +90,17 @@ TEST(Projection, AddsTheWeightGradientIntoAnExistingGradInPlace) {
   EXPECT_EQ(bucket[52].item<float>(), 0.5f) << "written outside the view";
 }
 
-// Elsewhere (the aten choice, autocast) the projection is at::linear with its usual backward.
+// Elsewhere (the aten kernels, autocast) the projection is at::linear with its usual backward.
 TEST(Projection, IsPlainLinearUnderAtenOrAutocast) {
   const Case c = make_case();
   const auto [grad_x, grad_weight] = reference_grads(c);
   for (const bool autocast : {false, true}) {
-    const KernelChoiceGuard choice(autocast ? KernelChoice::fused : KernelChoice::aten);
+    const Kernels kernels = autocast ? Kernels::fused_cpu : Kernels::aten;
     c.weight.mutable_grad() = at::Tensor();
     at::Tensor out;
     {
       const AutocastGuard scope(c10::Device(c10::kCPU), autocast);
-      out = project(c.x, c.weight);
+      out = project(c.x, c.weight, kernels);
     }
     EXPECT_EQ(out.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
     EXPECT_FALSE(runs_projection(out)) << out.grad_fn()->name();
@@ -113,9 +111,8 @@ TEST(Projection, IsPlainLinearUnderAtenOrAutocast) {
 }
 
 TEST(Projection, RefusesASecondDerivative) {
-  const KernelChoiceGuard fused(KernelChoice::fused);
   const Case c = make_case();
-  const at::Tensor out = project(c.x, c.weight);
+  const at::Tensor out = project(c.x, c.weight, Kernels::fused_cpu);
   EXPECT_THROW(out.backward(c.upstream, /*retain_graph=*/true, /*create_graph=*/true), c10::Error);
 }
 

@@ -23,13 +23,13 @@ int64_t count_by_formula(const ModelConfig& c) {
 
 TEST(Llama, BaseModelHasTheChaptersParameterCount) {
   const ModelConfig base;
-  Llama model(base);
+  Llama model(base, Kernels::fused_cpu);
   EXPECT_EQ(model->num_parameters(), 35'926'528);
   EXPECT_EQ(count_by_formula(base), 35'926'528);
 }
 
 TEST(Llama, TiedEmbeddingIsOneTensorListedOnce) {
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   EXPECT_EQ(model->output_weight().data_ptr(), model->token_embeddings->weight.data_ptr());
   std::set<const void*> storages;
   for (const at::Tensor& parameter : model->parameters()) {
@@ -42,7 +42,7 @@ TEST(Llama, TiedEmbeddingIsOneTensorListedOnce) {
 TEST(Llama, UntiedModelHasItsOwnOutputProjection) {
   ModelConfig config = testing::tiny_config();
   config.tie_word_embeddings = false;
-  Llama model(config);
+  Llama model(config, Kernels::fused_cpu);
   EXPECT_NE(model->output_weight().data_ptr(), model->token_embeddings->weight.data_ptr());
   EXPECT_EQ(model->num_parameters(), count_by_formula(config));
   EXPECT_EQ(count_by_formula(config) - count_by_formula(testing::tiny_config()), 97 * 64);
@@ -50,7 +50,8 @@ TEST(Llama, UntiedModelHasItsOwnOutputProjection) {
 
 TEST(Llama, InitialisationFollowsTheStatedScheme) {
   at::manual_seed(5);
-  Llama model(ModelConfig{});  // base shape: enough samples for tight statistics
+  Llama model(ModelConfig{},
+              Kernels::fused_cpu);  // base shape: enough samples for tight statistics
   const double std = 0.02;
   const double residual = std / std::sqrt(2.0 * 12);
   const auto std_of = [](const at::Tensor& t) { return t.std().item<double>(); };
@@ -66,14 +67,14 @@ TEST(Llama, InitialisationFollowsTheStatedScheme) {
 
 TEST(Llama, SameSeedSameWeights) {
   at::manual_seed(9);
-  Llama first(testing::tiny_config());
+  Llama first(testing::tiny_config(), Kernels::fused_cpu);
   at::manual_seed(9);
-  Llama second(testing::tiny_config());
+  Llama second(testing::tiny_config(), Kernels::fused_cpu);
   EXPECT_TRUE(at::equal(first->layers[1]->attn->wv->weight, second->layers[1]->attn->wv->weight));
 }
 
 TEST(Llama, ForwardGivesLogitsPerPosition) {
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const at::Tensor logits = model(at::zeros({3, 10}, at::kLong));
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10, 97}));
 }

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "model/hf_state_dict.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/support/test_support.h"
 
@@ -23,11 +23,10 @@ std::string config_json(const ModelConfig& c) {
       c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.norm_eps, c.rope_theta);
 }
 
-void expect_parity_with_reference(const ModelConfig& config, KernelChoice kernels) {
-  const KernelChoiceGuard choice(kernels);
+void expect_parity_with_reference(const ModelConfig& config, Kernels kernels) {
   testing::TemporaryDirectory dir;
   at::manual_seed(42);
-  Llama model(config);
+  Llama model(config, kernels);
   const at::Tensor window = at::randint(config.vocab_size, {2, 33});
   const at::Tensor tokens = window.narrow(1, 0, 32).contiguous();
   const at::Tensor targets = window.narrow(1, 1, 32).contiguous();
@@ -67,19 +66,19 @@ ModelConfig untied_config() {
 }
 
 TEST(ReferenceParity, BaseModelMatchesThePythonReference) {
-  expect_parity_with_reference(ModelConfig{}, KernelChoice::fused);
+  expect_parity_with_reference(ModelConfig{}, Kernels::fused_cpu);
 }
 
 TEST(ReferenceParity, BaseModelOnTheAtenLayersMatchesThePythonReference) {
-  expect_parity_with_reference(ModelConfig{}, KernelChoice::aten);
+  expect_parity_with_reference(ModelConfig{}, Kernels::aten);
 }
 
 TEST(ReferenceParity, UntiedModelMatchesThePythonReference) {
-  expect_parity_with_reference(untied_config(), KernelChoice::fused);
+  expect_parity_with_reference(untied_config(), Kernels::fused_cpu);
 }
 
 TEST(ReferenceParity, UntiedModelOnTheAtenLayersMatchesThePythonReference) {
-  expect_parity_with_reference(untied_config(), KernelChoice::aten);
+  expect_parity_with_reference(untied_config(), Kernels::aten);
 }
 
 }  // namespace

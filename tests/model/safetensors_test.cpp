@@ -177,7 +177,7 @@ TEST(HfStateDict, NamesAreHuggingFaceLlamaNames) {
 }
 
 TEST(HfStateDict, TiedModelOmitsLmHead) {
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const NamedTensors state = hf_state_dict(model);
   EXPECT_FALSE(state.contains("lm_head.weight"));
   EXPECT_EQ(state.size(), 2 + 9 * 2u);
@@ -186,10 +186,10 @@ TEST(HfStateDict, TiedModelOmitsLmHead) {
 TEST(HfStateDict, ModelWeightsRoundTrip) {
   TemporaryDirectory dir;
   at::manual_seed(1);
-  Llama saved(testing::tiny_config());
+  Llama saved(testing::tiny_config(), Kernels::fused_cpu);
   save_model_weights(saved, dir / "model.safetensors");
   at::manual_seed(2);
-  Llama loaded(testing::tiny_config());
+  Llama loaded(testing::tiny_config(), Kernels::fused_cpu);
   ASSERT_FALSE(
       at::equal(loaded->layers[1]->ffn->w_up->weight, saved->layers[1]->ffn->w_up->weight));
   load_model_weights(loaded, dir / "model.safetensors");
@@ -199,7 +199,7 @@ TEST(HfStateDict, ModelWeightsRoundTrip) {
 }
 
 std::string load_into_tiny_model(const NamedTensors& tensors) {
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   try {
     load_hf_state_dict(model, tensors, "weights.safetensors");
   } catch (const UserError& error) {
@@ -209,7 +209,7 @@ std::string load_into_tiny_model(const NamedTensors& tensors) {
 }
 
 TEST(HfStateDict, MismatchesNameEveryOffendingKey) {
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   NamedTensors state = hf_state_dict(model);
   EXPECT_EQ(load_into_tiny_model(state), "");
 
@@ -233,9 +233,9 @@ TEST(HfStateDict, MismatchesNameEveryOffendingKey) {
 
 TEST(HfStateDict, FailedLoadLeavesTheModelUnchanged) {
   at::manual_seed(3);
-  Llama model(testing::tiny_config());
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const at::Tensor before = model->layers[0]->attn->wq->weight.clone();
-  NamedTensors state = hf_state_dict(Llama(testing::tiny_config()));
+  NamedTensors state = hf_state_dict(Llama(testing::tiny_config(), Kernels::fused_cpu));
   state.erase("model.norm.weight");
   EXPECT_THROW(load_hf_state_dict(model, state, "x"), UserError);
   EXPECT_TRUE(at::equal(model->layers[0]->attn->wq->weight, before));

@@ -6,8 +6,6 @@
 
 #include <limits>
 
-#include "model/kernel_choice.h"
-
 namespace mltrain {
 namespace {
 
@@ -32,16 +30,6 @@ TEST(ComputeSettings, FlushesDenormalsOnEveryThreadThatComputes) {
   const at::Tensor denormal = normal * 0.25f;
   apply_compute_settings(train);
   EXPECT_EQ((denormal * 2.0f).ne(0).sum().item<int64_t>(), 0);
-}
-
-TEST(ComputeSettings, SetsTheKernelChoice) {
-  TrainConfig train;
-  train.kernels = "aten";
-  apply_compute_settings(train);
-  EXPECT_EQ(kernel_choice(), KernelChoice::aten);
-  train.kernels = "fused";
-  apply_compute_settings(train);
-  EXPECT_EQ(kernel_choice(), KernelChoice::fused);
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ TEST(GoldenTrace, TwelveStepsMatchThePythonReference) {
   const Config config = golden_run(dir);
   // The run's initial weights: seeded by data.seed before the model is built, as the run does.
   at::manual_seed(config.data.seed);
-  save_model_weights(Llama(config.model), dir / "initial.safetensors");
+  save_model_weights(Llama(config.model, Kernels::aten), dir / "initial.safetensors");
   save_safetensors(dir / "batches.safetensors", {{"batches", run_batches(config)}});
   testing::write_text(dir / "reference.json", reference_config(config));
 

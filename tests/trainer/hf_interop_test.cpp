@@ -84,7 +84,7 @@ std::string llama_config_arguments(const ModelConfig& c) {
 // A model with random norms too: with the norms at one, swapping two of them would not show.
 Llama random_model(const ModelConfig& config) {
   at::manual_seed(3);
-  Llama model(config);
+  Llama model(config, Kernels::fused_cpu);
   at::NoGradGuard no_grad;
   for (const auto& item : model->named_parameters()) {
     if (item.key().find("norm") != std::string::npos)
@@ -177,7 +177,7 @@ void expect_import_of_save_pretrained(bool tied, const std::string& max_shard_si
   EXPECT_EQ(files > 1, sharded) << files << " .safetensors files";
 
   ASSERT_TRUE(is_hf_model_directory(dir / "hf"));
-  Llama model(config);
+  Llama model(config, Kernels::fused_cpu);
   load_hf_model(model, dir / "hf");
   EXPECT_LE(max_difference(logits_of(model, tokens), reference.logits), kLogitTolerance);
 }
@@ -206,7 +206,7 @@ TEST(HfImport, InitFromStartsAFreshRunAndAResumedRunKeepsItsCheckpoint) {
   config.optim.warmup_steps = 1;
   config.train.ckpt_every = 2;
   const auto weights_at = [&](const std::string& run, int step) {
-    Llama model(config.model);
+    Llama model(config.model, Kernels::fused_cpu);
     load_model_weights(
         model, dir / run / "checkpoints" / fmt::format("step_{:08d}", step) / "model.safetensors");
     return model;
@@ -261,7 +261,7 @@ TEST(HfImport, AMismatchedConfigListsEveryDifferingKey) {
   std::filesystem::create_directories(dir / "hf");
   write_text(dir / "hf" / "config.json", kOtherModelConfig);
   save_safetensors(dir / "hf" / "model.safetensors", {{"unused", at::zeros({1})}});
-  Llama model(tiny_model(true));
+  Llama model(tiny_model(true), Kernels::fused_cpu);
   const std::string message = load_error(model, dir / "hf");
   const std::string config_json = (dir / "hf" / "config.json").string();
   for (const std::string difference :

@@ -6,7 +6,7 @@
 #include "common/error.h"
 #include "model/autocast_region.h"
 #include "model/cpu_kernels.h"
-#include "model/kernel_choice.h"
+#include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
@@ -30,10 +30,10 @@ ModelConfig small_base() {
 }
 
 // The bytes one micro-batch's loss and its graph hold after forward.
-int64_t measured_activations(const ModelConfig& config, int64_t batch, int64_t length, bool bf16,
-                             bool checkpointing) {
+int64_t measured_activations(const ModelConfig& config, Kernels kernels, int64_t batch,
+                             int64_t length, bool bf16, bool checkpointing) {
   at::manual_seed(0);
-  Llama model(config);
+  Llama model(config, kernels);
   model->set_activation_checkpointing(checkpointing);
   const at::Tensor tokens = at::randint(config.vocab_size, {batch, length + 1});
   const at::Tensor inputs = tokens.narrow(1, 0, length).contiguous();
@@ -52,7 +52,7 @@ TEST(ModelConfig, CountsTheParametersOfTheModelItDescribes) {
   ModelConfig untied = small_base();
   untied.tie_word_embeddings = false;
   for (const ModelConfig& config : {small_base(), untied})
-    EXPECT_EQ(config.parameters(), Llama(config)->num_parameters());
+    EXPECT_EQ(config.parameters(), Llama(config, Kernels::aten)->num_parameters());
 }
 
 TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
@@ -81,15 +81,15 @@ TEST(MemoryPlan, ActivationsMatchWhatTheGraphOfAMicroBatchHolds) {
   const ModelConfig model = small_base();
   const int64_t batch = 4;
   const int64_t length = 64;
-  for (const KernelChoice kernels : {KernelChoice::fused, KernelChoice::aten}) {
-    const KernelChoiceGuard choice(kernels);
+  for (const Kernels kernels : {Kernels::fused_cpu, Kernels::aten}) {
     for (const bool bf16 : {false, true}) {
-      const bool ours = kernels == KernelChoice::fused;
+      const bool ours = kernels == Kernels::fused_cpu;
       const ComputePath path{.bf16 = bf16,
                              .fused_layers = ours && fused_kernels_support(at::kFloat),
                              .chunked_loss = ours};
       for (const bool checkpointing : {false, true}) {
-        const int64_t measured = measured_activations(model, batch, length, bf16, checkpointing);
+        const int64_t measured =
+            measured_activations(model, kernels, batch, length, bf16, checkpointing);
         // Held after forward, besides the activations: the weights' casts, and the chunked loss's
         // weight gradient (the gradients of the ATen path's logits come in backward).
         const double planned = activation_bytes(model, batch * length, path, checkpointing) +

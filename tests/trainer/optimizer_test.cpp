@@ -126,9 +126,9 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
   at::manual_seed(3);
   const at::Tensor windows = at::randint(testing::tiny_config().vocab_size, {8, 17});
   at::manual_seed(4);
-  Llama accumulated(testing::tiny_config());
+  Llama accumulated(testing::tiny_config(), Kernels::fused_cpu);
   at::manual_seed(4);
-  Llama whole(testing::tiny_config());
+  Llama whole(testing::tiny_config(), Kernels::fused_cpu);
   const c10::Device cpu(c10::kCPU);
   double accumulated_loss = 0.0;
   for (int64_t micro = 0; micro < 4; ++micro) {

@@ -5,13 +5,10 @@
 
 #include <limits>
 
-#include "model/kernel_choice.h"
-
 namespace mltrain {
 
 void apply_compute_settings(const TrainConfig& train) {
   if (train.threads > 0) at::set_num_threads(static_cast<int>(train.threads));
-  set_kernel_choice(parse_kernel_choice(train.kernels));
   at::globalContext().setFlushDenormal(true);
   // One task per pool thread: ATen splits [0, n) into n chunks of one, and its OpenMP pool gives
   // each thread one, so every worker sets its own flag (threads created later inherit it). A

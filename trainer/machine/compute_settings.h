@@ -5,7 +5,8 @@
 namespace mltrain {
 
 // The process-wide compute settings of train.*, applied before a model runs: the CPU's intra-op
-// thread count (train.threads), the model's kernels (train.kernels), and denormal flushing.
+// thread count (train.threads) and denormal flushing. (The model's kernels are no such setting: the
+// model is built with them, model/kernels.h.)
 //
 // Denormals are flushed to zero on the CPU (FTZ and DAZ), always: a gradient or moment that
 // decays into the denormal range makes every multiply on it take a slow microcode path, and a

@@ -54,7 +54,7 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
   const double model_bytes = plan.runtime + plan.weights;
   const bool built = !plan.target.device_memory || model_bytes <= *plan.target.device_memory;
   if (built) {
-    Llama model(config.model);
+    Llama model(config.model, choose_kernels(config.train.kernels, device));
     model->to(device);
     spdlog::info("parameters:\n{}", parameter_table(model));
   } else {

@@ -58,7 +58,7 @@ Evaluation evaluate_weights(const Config& config, const std::filesystem::path& w
   } else {
     check_weights_can_fill(config.model, "the config's model.* keys", file);
   }
-  Llama model(config.model);
+  Llama model(config.model, choose_kernels(config.train.kernels, device));
   if (hf_directory) {
     load_hf_model(model, file);
   } else {

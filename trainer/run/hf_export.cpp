@@ -85,7 +85,7 @@ void export_hf(const Config& config, const std::filesystem::path& weights,
   check_checkpoint_model(file, config);
   check_tokenizer(config);
   check_weights_can_fill(config.model, "the config's model.* keys", file);
-  Llama model(config.model);
+  Llama model(config.model, Kernels::aten);  // only its weights are read
   load_model_weights(model, file);
 
   HfConfig hf_config{config.model, std::nullopt, std::nullopt};

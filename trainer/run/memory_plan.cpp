@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "model/cpu_kernels.h"
+#include "model/kernels.h"
 
 namespace mltrain {
 namespace {
@@ -87,7 +88,8 @@ std::optional<int64_t> smaller_micro_batch(const Config& config, const PlanTarge
 }  // namespace
 
 ComputePath compute_path(const Config& config, const PlanTarget& target) {
-  const bool ours = config.train.kernels == "fused" && !target.cuda;
+  const c10::Device device = target.cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+  const bool ours = choose_kernels(config.train.kernels, device) == Kernels::fused_cpu;
   return {.bf16 = target.bf16,
           .fused_layers = ours && fused_kernels_support(at::kFloat),
           .chunked_loss = ours,

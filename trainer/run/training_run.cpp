@@ -188,7 +188,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
   if (leader_) checkpoints_.prepare_for_saving();  // its temporaries no other run owns: the lock
   at::manual_seed(config.data.seed);
-  model_ = Llama(config.model);
+  model_ = Llama(config.model, choose_kernels(config.train.kernels, device_));
   model_->to(device_);
   model_->set_activation_checkpointing(config.train.activation_checkpointing);
   parameters_ = model_->parameters();
@@ -265,6 +265,8 @@ void TrainingRun::announce() {
                model_->num_parameters(), flops_per_token_ / 1e6, world_.size,
                describe_device(device_));
   log_precision(precision_);
+  spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
+               config_.train.kernels);
   spdlog::info("optimizer: AdamW, {:.1f} MB of state on this rank{}",
                static_cast<double>(optimizer_->state_bytes()) / 1e6,
                shards_optimizer(config_, world_.size)
