@@ -99,7 +99,15 @@ class TrainingRun {
   void run();
 
  private:
+  void check_data();
+  void check_memory_plan();
+  void prepare_run_directory(const std::string& resume);
+  void build_model();
+  void build_optimizer();
+  void restore_state(const std::string& resume);
   void agree_across_ranks();
+  void start_data();
+  void open_outputs();
   void announce();
   void record_step(const StepResult& result);
   StepValues read_steps();
@@ -143,6 +151,9 @@ class TrainingRun {
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
+// The members first: rank 0's lock on the run directory, taken before anything else, then the
+// device, its precision, the batch layout, the communicator and the data's windows, which every
+// build step below may need.
 TrainingRun::TrainingRun(const Config& config, const std::string& resume, const World& world,
                          const TrainingHooks& hooks)
     : config_(config),
@@ -165,82 +176,131 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
       checkpoints_(run_dir_) {
+  // The build steps, in the order their needs give. Each says what it needs.
+  check_data();
+  check_memory_plan();
+  prepare_run_directory(resume);
+  build_model();
+  build_optimizer();
+  restore_state(resume);
+  agree_across_ranks();
+  start_data();
+  open_outputs();
+}
+
+// Needs the opened windows. The data checks: the global batch fits the training windows, and the
+// tokenizer the model's vocabulary.
+void TrainingRun::check_data() {
   check_batch_fits(layout_, train_windows_);
-  tokens_per_step_ = layout_.global_batch() * config.data.seq_len;
-  check_tokenizer(config);
-  // Before anything large is allocated: a run that cannot fit stops here, saying what would fit.
+  tokens_per_step_ = layout_.global_batch() * config_.data.seq_len;
+  check_tokenizer(config_);
+}
+
+// Needs the device, the precision and the communicator, and comes before anything large is
+// allocated: a run that cannot fit stops here, saying what would fit. All ranks stop or none: one
+// rank that stopped alone would leave the others waiting for it.
+void TrainingRun::check_memory_plan() {
   const MemoryPlan memory_plan = plan_memory(
-      config, {.ranks = world.size,
-               .cuda = device_.is_cuda(),
-               .bf16 = precision_.bf16,
-               .device_memory = static_cast<double>(memory_per_rank(device_, world.local_size))});
+      config_, {.ranks = world_.size,
+                .cuda = device_.is_cuda(),
+                .bf16 = precision_.bf16,
+                .device_memory = static_cast<double>(memory_per_rank(device_, world_.local_size))});
   if (leader_) spdlog::info("{}", describe(memory_plan));
-  const std::string shortfall = memory_shortfall(memory_plan, config);
-  // All ranks stop or none: one rank that stopped alone would leave the others waiting for it.
+  const std::string shortfall = memory_shortfall(memory_plan, config_);
   if (communicator_->all_reduce_sum(shortfall.empty() ? 0.0 : 1.0) > 0) {
     const std::string why =
         shortfall.empty() ? "another rank's memory plan does not fit its memory" : shortfall;
-    if (config.train.check_memory)
+    if (config_.train.check_memory)
       throw UserError(why + "; train.check_memory=false starts it all the same");
     spdlog::warn("{}", why);
   }
-  // A run that is surely fresh checks where its weights come from before it makes anything.
-  if (resume.empty() && !config.init_from.empty()) check_init_from(config.init_from, config.model);
-  if (leader_) checkpoints_.prepare_for_saving();  // its temporaries no other run owns: the lock
-  at::manual_seed(config.data.seed);
-  model_ = Llama(config.model, choose_kernels(config.train.kernels, device_));
+}
+
+// Needs the run directory's lock (rank 0's): the temporaries of an interrupted save are this
+// run's to remove, as no other run owns the directory. A run that is surely fresh checks where
+// its weights come from before it makes anything.
+void TrainingRun::prepare_run_directory(const std::string& resume) {
+  if (resume.empty() && !config_.init_from.empty())
+    check_init_from(config_.init_from, config_.model);
+  if (leader_) checkpoints_.prepare_for_saving();
+}
+
+// Needs the device: the seeded initial weights (rank 0's are broadcast later), the kernels for
+// the device, and activation checkpointing.
+void TrainingRun::build_model() {
+  at::manual_seed(config_.data.seed);
+  model_ = Llama(config_.model, choose_kernels(config_.train.kernels, device_));
   model_->to(device_);
-  model_->set_activation_checkpointing(config.train.activation_checkpointing);
+  model_->set_activation_checkpointing(config_.train.activation_checkpointing);
   parameters_ = model_->parameters();
   flops_per_token_ =
-      training_flops_per_token(config.model, model_->num_parameters(), config.data.seq_len);
-  const bool sharded = shards_optimizer(config, world.size);
-  if (config.dist.zero_stage == 1 && !sharded)
+      training_flops_per_token(config_.model, model_->num_parameters(), config_.data.seq_len);
+}
+
+// Needs the model on its device (the optimizer's state and buckets live beside the weights; under
+// ZeRO-1 the weights move into its buckets) and the communicator.
+void TrainingRun::build_optimizer() {
+  const bool sharded = shards_optimizer(config_, world_.size);
+  if (config_.dist.zero_stage == 1 && !sharded)
     spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
-  optimizer_ = make_optimizer(hf_named_parameters(model_), *communicator_,
-                              {.buckets = {.bucket_mb = config.dist.bucket_mb},
-                               .overlap = overlap_all_reduce(config.dist.overlap, device_),
-                               .compress_bf16 = config.dist.grad_dtype == "bf16" && world.size > 1,
-                               .zero1 = sharded,
-                               .adamw = {config.optim.beta1, config.optim.beta2, config.optim.eps,
-                                         config.optim.weight_decay}});
-  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config)) {
+  optimizer_ =
+      make_optimizer(hf_named_parameters(model_), *communicator_,
+                     {.buckets = {.bucket_mb = config_.dist.bucket_mb},
+                      .overlap = overlap_all_reduce(config_.dist.overlap, device_),
+                      .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
+                      .zero1 = sharded,
+                      .adamw = {config_.optim.beta1, config_.optim.beta2, config_.optim.eps,
+                                config_.optim.weight_decay}});
+}
+
+// Needs the model and the optimizer: a checkpoint fills both and says where the run is; a fresh
+// run with model.init_from takes that directory's weights. The schedule starts at that step.
+void TrainingRun::restore_state(const std::string& resume) {
+  if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config_)) {
     progress_ = *resumed;
-    if (!config.init_from.empty()) {
+    if (!config_.init_from.empty()) {
       spdlog::info(
           "model.init_from ({}) is not used: a resumed run continues from its checkpoint's "
           "weights",
-          config.init_from);
+          config_.init_from);
     }
-  } else if (!config.init_from.empty()) {
+  } else if (!config_.init_from.empty()) {
     // Every rank loads and checks the directory, so that a bad one fails on all of them alike;
-    // rank 0's weights are broadcast below all the same.
-    load_init_from(model_, config.init_from);
+    // rank 0's weights are broadcast all the same.
+    load_init_from(model_, config_.init_from);
   }
-  schedule_.emplace(config.train, progress_.step);
-  agree_across_ranks();
+  schedule_.emplace(config_.train, progress_.step);
+}
+
+// Needs the restored progress (the loader starts at the samples consumed) and the schedule: the
+// loader, and what the step works with.
+void TrainingRun::start_data() {
   loader_ = std::make_unique<Loader>(
-      train_windows_, Sampler(train_windows_.num_windows(), config.data.seed, layout_), world.rank,
-      progress_.samples_consumed, config.data.prefetch, device_.is_cuda());
+      train_windows_, Sampler(train_windows_.num_windows(), config_.data.seed, layout_),
+      world_.rank, progress_.samples_consumed, config_.data.prefetch, device_.is_cuda());
   step_parts_.emplace(StepParts{.model = model_,
                                 .loader = *loader_,
                                 .optimizer = *optimizer_,
                                 .communicator = *communicator_,
-                                .optim = config.optim,
+                                .optim = config_.optim,
                                 .max_steps = schedule_->max_steps(),
                                 .grad_accum = layout_.grad_accum,
                                 .device = device_,
                                 .bf16 = precision_.bf16,
-                                .rank = world.rank,
-                                .hooks = hooks});
-  if (leader_) {
-    write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config));
-    metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
-  }
+                                .rank = world_.rank,
+                                .hooks = hooks_});
 }
 
-// Every rank must train the same model on the same config: rank 0's weights are broadcast, and
-// the configs are compared by hash.
+// Last, so that a run that failed to set up leaves the directory's config and metrics as they
+// were: rank 0 writes the effective config and appends to the metrics.
+void TrainingRun::open_outputs() {
+  if (!leader_) return;
+  write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config_));
+  metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
+}
+
+// Needs the model's final weights on every rank. Every rank must train the same model on the same
+// config: rank 0's weights are broadcast, and the configs are compared by hash.
 void TrainingRun::agree_across_ranks() {
   if (world_.size == 1) return;
   const std::string yaml = config_to_yaml(config_);
