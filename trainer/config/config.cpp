@@ -117,129 +117,26 @@ KeySpec key(T Config::*field, std::string path, std::string description, Limits 
   return make_key<T>(access, std::move(path), std::move(description), std::move(limits));
 }
 
+// A KeySpec of a key list's entry (config.h, model/model_config.h), in section `section`.
+#define MLTRAIN_KEY_SPEC(section, type, name, default_value, doc, check) \
+  key(&Config::section, &decltype(Config::section)::name, #section "." #name, doc, check),
+
+// Every key, in the order the YAML and the reference table show them.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
-      key(&Config::model, &ModelConfig::vocab_size, "model.vocab_size", "tokens in the vocabulary",
-          at_least(1)),
-      key(&Config::model, &ModelConfig::d_model, "model.d_model", "width of the residual stream",
-          at_least(1)),
-      key(&Config::model, &ModelConfig::n_layers, "model.n_layers", "decoder blocks", at_least(1)),
-      key(&Config::model, &ModelConfig::n_q_heads, "model.n_q_heads",
-          "query heads per attention layer", at_least(1)),
-      key(&Config::model, &ModelConfig::n_kv_heads, "model.n_kv_heads",
-          "key/value heads (grouped-query attention); divides n_q_heads", at_least(1)),
-      key(&Config::model, &ModelConfig::head_dim, "model.head_dim",
-          "width of one attention head (even)", at_least(2)),
-      key(&Config::model, &ModelConfig::d_ffn, "model.d_ffn",
-          "hidden width of the SwiGLU feed-forward", at_least(1)),
-      key(&Config::model, &ModelConfig::max_seq_len, "model.max_seq_len",
-          "longest sequence the rotary tables cover", at_least(1)),
-      key(&Config::model, &ModelConfig::rope_theta, "model.rope_theta", "rotary embedding base",
-          at_least(1)),
-      key(&Config::model, &ModelConfig::norm_eps, "model.norm_eps", "RMSNorm epsilon", at_least(0)),
-      key(&Config::model, &ModelConfig::tie_word_embeddings, "model.tie_word_embeddings",
-          "output projection shares the embedding matrix"),
-      key(&Config::model, &ModelConfig::init_std, "model.init_std",
-          "standard deviation of the initial weights", at_least(0)),
+      MLTRAIN_MODEL_KEYS(MLTRAIN_KEY_SPEC, model)  //
       key(&Config::init_from, "model.init_from",
           "Hugging Face LLaMA directory whose weights a fresh run starts from; its config.json "
           "must match the model.* keys (empty: seeded initial weights)"),
-
-      key(&Config::data, &DataConfig::train, "data.train", "glob of training token shards"),
-      key(&Config::data, &DataConfig::val, "data.val", "glob of validation token shards"),
-      key(&Config::data, &DataConfig::tokenizer, "data.tokenizer",
-          "SentencePiece model of the shards (empty: none)"),
-      key(&Config::data, &DataConfig::seq_len, "data.seq_len",
-          "tokens per training sequence (<= model.max_seq_len)", at_least(1)),
-      key(&Config::data, &DataConfig::micro_batch, "data.micro_batch",
-          "sequences per rank per forward pass", at_least(1)),
-      key(&Config::data, &DataConfig::grad_accum, "data.grad_accum",
-          "micro-steps accumulated per optimizer step", at_least(1)),
-      key(&Config::data, &DataConfig::seed, "data.seed",
-          "seed of the sample order and the initial weights", at_least(0)),
-      key(&Config::data, &DataConfig::prefetch, "data.prefetch", "batches the loader keeps ready",
-          at_least(1)),
-
-      key(&Config::optim, &OptimConfig::lr, "optim.lr", "peak learning rate", at_least(0)),
-      key(&Config::optim, &OptimConfig::min_lr, "optim.min_lr",
-          "learning rate at the end of the decay", at_least(0)),
-      key(&Config::optim, &OptimConfig::warmup_steps, "optim.warmup_steps",
-          "steps of linear warmup (<= train.max_steps)", at_least(0)),
-      key(&Config::optim, &OptimConfig::schedule, "optim.schedule",
-          "learning-rate schedule after warmup", one_of({"cosine", "constant", "linear", "wsd"})),
-      key(&Config::optim, &OptimConfig::beta1, "optim.beta1", "AdamW first-moment decay",
-          between(0, 1)),
-      key(&Config::optim, &OptimConfig::beta2, "optim.beta2", "AdamW second-moment decay",
-          between(0, 1)),
-      key(&Config::optim, &OptimConfig::eps, "optim.eps", "AdamW epsilon", at_least(0)),
-      key(&Config::optim, &OptimConfig::weight_decay, "optim.weight_decay",
-          "decoupled weight decay of matrices (not norms)", at_least(0)),
-      key(&Config::optim, &OptimConfig::grad_clip, "optim.grad_clip",
-          "clip the global gradient norm to this (0: off)", at_least(0)),
-      key(&Config::optim, &OptimConfig::decay_fraction, "optim.decay_fraction",
-          "share of all steps the wsd schedule decays over", between(0, 1)),
-
-      key(&Config::train, &TrainConfig::max_steps, "train.max_steps", "optimizer steps of the run",
-          at_least(1)),
-      key(&Config::train, &TrainConfig::precision, "train.precision",
-          "auto (bf16 where it is faster than fp32: CUDA, CPUs with AMX-BF16; else fp32), bf16 "
-          "(autocast, fp32 master weights) or fp32",
-          one_of({"auto", "bf16", "fp32"})),
-      key(&Config::train, &TrainConfig::kernels, "train.kernels",
-          "fused (mltrain's kernels and the chunked loss) or aten (the plain ATen layers)",
-          one_of({"fused", "aten"})),
-      key(&Config::train, &TrainConfig::device, "train.device",
-          "auto (CUDA when present), cpu or cuda", one_of({"auto", "cpu", "cuda"})),
-      key(&Config::train, &TrainConfig::threads, "train.threads",
-          "CPU intra-op threads (0: all cores)", at_least(0)),
-      key(&Config::train, &TrainConfig::run_dir, "train.run_dir",
-          "directory of metrics, config and checkpoints, owned by one training run at a time "
-          "(RUN_DIR/run.lock)"),
-      key(&Config::train, &TrainConfig::log_every, "train.log_every",
-          "steps between progress lines", at_least(1)),
-      key(&Config::train, &TrainConfig::eval_every, "train.eval_every", "steps between validations",
-          at_least(1)),
-      key(&Config::train, &TrainConfig::eval_batches, "train.eval_batches",
-          "validation batches per evaluation (0: all)", at_least(0)),
-      key(&Config::train, &TrainConfig::ckpt_every, "train.ckpt_every", "steps between checkpoints",
-          at_least(1)),
-      key(&Config::train, &TrainConfig::keep_last, "train.keep_last",
-          "checkpoints kept on a rolling basis", at_least(1)),
-      key(&Config::train, &TrainConfig::keep_every, "train.keep_every",
-          "checkpoints at multiples of this step are kept for good (0: none)", at_least(0)),
-      key(&Config::train, &TrainConfig::stop_at, "train.stop_at",
-          "stop with a checkpoint once this many steps are done, to resume later (0: run to "
-          "max_steps)",
-          at_least(0)),
-      key(&Config::train, &TrainConfig::max_bad_steps, "train.max_bad_steps",
-          "non-finite steps in a row (each skipped) before the run stops", at_least(1)),
-      key(&Config::train, &TrainConfig::activation_checkpointing, "train.activation_checkpointing",
-          "keep only each block's input in forward and recompute the block in backward: activation "
-          "memory falls several times (8x on a 297M model) for one more forward pass of the "
-          "blocks"),
-      key(&Config::train, &TrainConfig::check_memory, "train.check_memory",
-          "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "
-          "start)"),
-
-      key(&Config::dist, &DistConfig::backend, "dist.backend",
-          "auto (NCCL on CUDA, MPI on CPU), nccl or mpi", one_of({"auto", "nccl", "mpi"})),
-      key(&Config::dist, &DistConfig::bucket_mb, "dist.bucket_mb",
-          "gradient all-reduce bucket size in MiB", at_least(0.001)),
-      key(&Config::dist, &DistConfig::overlap, "dist.overlap",
-          "all-reduce buckets while backward runs: auto (on CUDA, not on the CPU, where MPI "
-          "makes no progress meanwhile), true or false",
-          one_of({"auto", "true", "false"})),
-      key(&Config::dist, &DistConfig::grad_dtype, "dist.grad_dtype",
-          "dtype of the gradient all-reduce", one_of({"fp32", "bf16"})),
-      key(&Config::dist, &DistConfig::zero_stage, "dist.zero_stage",
-          "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates "
-          "1/N of it, gradients are reduce-scattered and the weights all-gathered",
-          between(0, 1)),
-      key(&Config::dist, &DistConfig::timeout_s, "dist.timeout_s",
-          "seconds before a stuck collective is an error", at_least(1)),
+      MLTRAIN_DATA_KEYS(MLTRAIN_KEY_SPEC, data)    //
+      MLTRAIN_OPTIM_KEYS(MLTRAIN_KEY_SPEC, optim)  //
+      MLTRAIN_TRAIN_KEYS(MLTRAIN_KEY_SPEC, train)  //
+      MLTRAIN_DIST_KEYS(MLTRAIN_KEY_SPEC, dist)    //
   };
   return specs;
 }
+
+#undef MLTRAIN_KEY_SPEC
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);

@@ -9,56 +9,105 @@
 
 namespace mltrain {
 
+// The keys of each section, each declared once: KEY(section, type, name, default, doc line,
+// check). The section's struct below is made from its list, and config.cpp reads, checks, writes
+// and documents the keys from the same lists; the checks (at_least, between, one_of, or {} for
+// none) are config.cpp's. The model's keys are model/model_config.h's.
+#define MLTRAIN_DATA_KEYS(KEY, S)                                                              \
+  KEY(S, std::string, train, "data/shards/train_*.bin", "glob of training token shards", {})   \
+  KEY(S, std::string, val, "data/shards/val_*.bin", "glob of validation token shards", {})     \
+  KEY(S, std::string, tokenizer, "data/shards/tokenizer.model",                                \
+      "SentencePiece model of the shards (empty: none)", {})                                   \
+  KEY(S, int64_t, seq_len, 1024, "tokens per training sequence (<= model.max_seq_len)",        \
+      at_least(1))                                                                             \
+  KEY(S, int64_t, micro_batch, 16, "sequences per rank per forward pass", at_least(1))         \
+  KEY(S, int64_t, grad_accum, 4, "micro-steps accumulated per optimizer step", at_least(1))    \
+  KEY(S, int64_t, seed, 1337, "seed of the sample order and the initial weights", at_least(0)) \
+  KEY(S, int64_t, prefetch, 2, "batches the loader keeps ready", at_least(1))
+
+#define MLTRAIN_OPTIM_KEYS(KEY, S)                                                                 \
+  KEY(S, double, lr, 6.0e-4, "peak learning rate", at_least(0))                                    \
+  KEY(S, double, min_lr, 6.0e-5, "learning rate at the end of the decay", at_least(0))             \
+  KEY(S, int64_t, warmup_steps, 200, "steps of linear warmup (<= train.max_steps)", at_least(0))   \
+  KEY(S, std::string, schedule, "cosine", "learning-rate schedule after warmup",                   \
+      one_of({"cosine", "constant", "linear", "wsd"}))                                             \
+  KEY(S, double, beta1, 0.9, "AdamW first-moment decay", between(0, 1))                            \
+  KEY(S, double, beta2, 0.95, "AdamW second-moment decay", between(0, 1))                          \
+  KEY(S, double, eps, 1.0e-8, "AdamW epsilon", at_least(0))                                        \
+  KEY(S, double, weight_decay, 0.1, "decoupled weight decay of matrices (not norms)", at_least(0)) \
+  KEY(S, double, grad_clip, 1.0, "clip the global gradient norm to this (0: off)", at_least(0))    \
+  KEY(S, double, decay_fraction, 0.2, "share of all steps the wsd schedule decays over",           \
+      between(0, 1))
+
+#define MLTRAIN_TRAIN_KEYS(KEY, S)                                                               \
+  KEY(S, int64_t, max_steps, 10000, "optimizer steps of the run", at_least(1))                   \
+  KEY(S, std::string, precision, "auto",                                                         \
+      "auto (bf16 where it is faster than fp32: CUDA, CPUs with AMX-BF16; else fp32), bf16 "     \
+      "(autocast, fp32 master weights) or fp32",                                                 \
+      one_of({"auto", "bf16", "fp32"}))                                                          \
+  KEY(S, std::string, kernels, "fused",                                                          \
+      "fused (mltrain's kernels and the chunked loss) or aten (the plain ATen layers)",          \
+      one_of({"fused", "aten"}))                                                                 \
+  KEY(S, std::string, device, "auto", "auto (CUDA when present), cpu or cuda",                   \
+      one_of({"auto", "cpu", "cuda"}))                                                           \
+  KEY(S, int64_t, threads, 0, "CPU intra-op threads (0: all cores)", at_least(0))                \
+  KEY(S, std::string, run_dir, "runs/base",                                                      \
+      "directory of metrics, config and checkpoints, owned by one training run at a time "       \
+      "(RUN_DIR/run.lock)",                                                                      \
+      {})                                                                                        \
+  KEY(S, int64_t, log_every, 10, "steps between progress lines", at_least(1))                    \
+  KEY(S, int64_t, eval_every, 500, "steps between validations", at_least(1))                     \
+  KEY(S, int64_t, eval_batches, 20, "validation batches per evaluation (0: all)", at_least(0))   \
+  KEY(S, int64_t, ckpt_every, 1000, "steps between checkpoints", at_least(1))                    \
+  KEY(S, int64_t, keep_last, 3, "checkpoints kept on a rolling basis", at_least(1))              \
+  KEY(S, int64_t, keep_every, 0,                                                                 \
+      "checkpoints at multiples of this step are kept for good (0: none)", at_least(0))          \
+  KEY(S, int64_t, stop_at, 0,                                                                    \
+      "stop with a checkpoint once this many steps are done, to resume later (0: run to "        \
+      "max_steps)",                                                                              \
+      at_least(0))                                                                               \
+  KEY(S, int64_t, max_bad_steps, 5,                                                              \
+      "non-finite steps in a row (each skipped) before the run stops", at_least(1))              \
+  KEY(S, bool, activation_checkpointing, false,                                                  \
+      "keep only each block's input in forward and recompute the block in backward: activation " \
+      "memory falls several times (8x on a 297M model) for one more forward pass of the "        \
+      "blocks",                                                                                  \
+      {})                                                                                        \
+  KEY(S, bool, check_memory, true,                                                               \
+      "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "    \
+      "start)",                                                                                  \
+      {})
+
+#define MLTRAIN_DIST_KEYS(KEY, S)                                                               \
+  KEY(S, std::string, backend, "auto", "auto (NCCL on CUDA, MPI on CPU), nccl or mpi",          \
+      one_of({"auto", "nccl", "mpi"}))                                                          \
+  KEY(S, double, bucket_mb, 25.0, "gradient all-reduce bucket size in MiB", at_least(0.001))    \
+  KEY(S, std::string, overlap, "auto",                                                          \
+      "all-reduce buckets while backward runs: auto (on CUDA, not on the CPU, where MPI "       \
+      "makes no progress meanwhile), true or false",                                            \
+      one_of({"auto", "true", "false"}))                                                        \
+  KEY(S, std::string, grad_dtype, "fp32", "dtype of the gradient all-reduce",                   \
+      one_of({"fp32", "bf16"}))                                                                 \
+  KEY(S, int64_t, zero_stage, 0,                                                                \
+      "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates " \
+      "1/N of it, gradients are reduce-scattered and the weights all-gathered",                 \
+      between(0, 1))                                                                            \
+  KEY(S, int64_t, timeout_s, 600, "seconds before a stuck collective is an error", at_least(1))
+
 struct DataConfig {
-  std::string train = "data/shards/train_*.bin";
-  std::string val = "data/shards/val_*.bin";
-  std::string tokenizer = "data/shards/tokenizer.model";
-  int64_t seq_len = 1024;
-  int64_t micro_batch = 16;
-  int64_t grad_accum = 4;
-  int64_t seed = 1337;
-  int64_t prefetch = 2;
+  MLTRAIN_DATA_KEYS(MLTRAIN_CONFIG_FIELD, data)
 };
 
 struct OptimConfig {
-  double lr = 6.0e-4;
-  double min_lr = 6.0e-5;
-  int64_t warmup_steps = 200;
-  std::string schedule = "cosine";
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1.0e-8;
-  double weight_decay = 0.1;
-  double grad_clip = 1.0;
-  double decay_fraction = 0.2;
+  MLTRAIN_OPTIM_KEYS(MLTRAIN_CONFIG_FIELD, optim)
 };
 
 struct TrainConfig {
-  int64_t max_steps = 10000;
-  std::string precision = "auto";
-  std::string kernels = "fused";
-  std::string device = "auto";
-  int64_t threads = 0;
-  std::string run_dir = "runs/base";
-  int64_t log_every = 10;
-  int64_t eval_every = 500;
-  int64_t eval_batches = 20;
-  int64_t ckpt_every = 1000;
-  int64_t keep_last = 3;
-  int64_t keep_every = 0;
-  int64_t stop_at = 0;
-  int64_t max_bad_steps = 5;
-  bool activation_checkpointing = false;
-  bool check_memory = true;
+  MLTRAIN_TRAIN_KEYS(MLTRAIN_CONFIG_FIELD, train)
 };
 
 struct DistConfig {
-  std::string backend = "auto";
-  double bucket_mb = 25.0;
-  std::string overlap = "auto";
-  std::string grad_dtype = "fp32";
-  int64_t zero_stage = 0;
-  int64_t timeout_s = 600;
+  MLTRAIN_DIST_KEYS(MLTRAIN_CONFIG_FIELD, dist)
 };
 
 // Everything a run is configured by: defaults, then a YAML file, then --set overrides.
@@ -66,7 +115,8 @@ struct Config {
   ModelConfig model;
   // model.init_from: a Hugging Face LLaMA directory whose weights a fresh run starts from (empty:
   // seeded initial weights). Kept out of ModelConfig, which is what the model computes; where its
-  // weights come from is the run's business.
+  // weights come from is the run's business. Its doc line and check are config.cpp's, the one key
+  // outside the lists.
   std::string init_from;
   DataConfig data;
   OptimConfig optim;
