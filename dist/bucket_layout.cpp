@@ -1,5 +1,9 @@
 #include "dist/bucket_layout.h"
 
+#include <c10/util/accumulate.h>
+
+#include <stdexcept>
+
 namespace mltrain {
 
 at::Tensor BucketLayout::member_view(const at::Tensor& bucket, size_t k,
@@ -9,6 +13,7 @@ at::Tensor BucketLayout::member_view(const at::Tensor& bucket, size_t k,
 
 std::vector<BucketLayout> assign_buckets(const std::vector<at::Tensor>& tensors, BucketSizes sizes,
                                          int parts) {
+  if (parts < 1) throw std::invalid_argument("assign_buckets: parts must be at least 1");
   constexpr double kMiB = 1 << 20;
   std::vector<BucketLayout> buckets(1);
   double capacity = sizes.first_bucket_mb * kMiB;

@@ -28,6 +28,7 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketL
       bucket_of_(parameters_.size()),
       communicator_(communicator),
       options_(options) {
+  check_layout(buckets);
   at::NoGradGuard no_grad;
   for (BucketLayout& layout : buckets) {
     const size_t b = buckets_.size();
@@ -56,6 +57,30 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketL
     bucket.layout = std::move(layout);
     buckets_.push_back(std::move(bucket));
   }
+}
+
+// Every parameter in exactly one bucket, inside it, and each bucket cut into equal parts when
+// scattered: a layout that breaks these would leave a gradient without its bucket or a hook that
+// never fires.
+void GradReducer::check_layout(const std::vector<BucketLayout>& buckets) const {
+  std::vector<int> placed(parameters_.size(), 0);
+  for (const BucketLayout& layout : buckets) {
+    if (layout.members.empty() || layout.members.size() != layout.offsets.size())
+      throw std::invalid_argument(
+          "GradReducer: a bucket without members, or without their offsets");
+    for (size_t k = 0; k < layout.members.size(); ++k) {
+      const size_t i = layout.members[k];
+      if (i >= parameters_.size() || layout.offsets[k] < 0 ||
+          layout.offsets[k] + parameters_[i].numel() > layout.elements)
+        throw std::invalid_argument("GradReducer: a bucket member outside its bucket");
+      ++placed[i];
+    }
+    if (options_.scatter && layout.elements % communicator_.size() != 0)
+      throw std::invalid_argument("GradReducer: a scattered bucket not cut into equal parts");
+  }
+  for (const int times : placed)
+    if (times != 1)
+      throw std::invalid_argument("GradReducer: a parameter not in exactly one bucket");
 }
 
 GradReducer::~GradReducer() {

@@ -29,7 +29,7 @@ namespace mltrain {
 //
 // All-reduced, every .grad ends as the average over the ranks. Scattered (ZeRO-1), each bucket is
 // reduce-scattered instead, and each rank receives the average of its own part of each bucket
-// only (averaged_parts()); its .grad keep its own, unaveraged, gradients.
+// only (averaged_parts()); each .grad keeps its own, unaveraged, gradient.
 struct ReducerOptions {
   bool overlap = true;         // launch each bucket as soon as its gradients are complete
   bool compress_bf16 = false;  // buckets travel as bf16 (half the bytes), averaged in bf16
@@ -73,6 +73,7 @@ class GradReducer {
     std::unique_ptr<CollectiveWork> work;
   };
 
+  void check_layout(const std::vector<BucketLayout>& buckets) const;
   void on_gradient(size_t parameter);
   void keep_in_bucket(size_t parameter);
   void mark_ready(size_t parameter);

@@ -77,6 +77,21 @@ TEST(GradReducer, PacksParametersInReverseOrderIntoSizedBuckets) {
   EXPECT_EQ(parameters[3].grad().sizes(), parameters[3].sizes());
 }
 
+// A layout that leaves a parameter out, places one twice or puts one outside its bucket is refused.
+TEST(GradReducer, RefusesALayoutThatDoesNotPlaceEveryParameterOnce) {
+  const World world;
+  const auto communicator = make_communicator(world);
+  const auto parameters = parameters_of_sizes({3, 4});
+  const BucketLayout first{.members = {0}, .offsets = {0}, .elements = 3};
+  const BucketLayout both{.members = {1, 0}, .offsets = {0, 4}, .elements = 7};
+  const BucketLayout too_short{.members = {1, 0}, .offsets = {0, 4}, .elements = 6};
+  for (const std::vector<BucketLayout>& layout :
+       std::vector<std::vector<BucketLayout>>{{first}, {first, both}, {too_short}}) {
+    EXPECT_THROW(GradReducer(parameters, layout, *communicator, {}), std::invalid_argument);
+  }
+  EXPECT_NO_THROW(GradReducer(parameters, {both}, *communicator, {}));
+}
+
 TEST(GradReducer, BackwardAccumulatesIntoTheBuckets) {
   const World world;
   const auto communicator = make_communicator(world);

@@ -159,6 +159,9 @@ struct ShardedRun {
 TEST(Zero1AdamW, UpdatesOnlyAfterTheGradientsAreReduced) {
   ShardedRun run;
   EXPECT_THROW(run.optimizer.update(1e-2, at::zeros({})), std::logic_error);
+  run.optimizer.reduce_gradients();
+  EXPECT_THROW(run.optimizer.reduce_gradients(), std::logic_error) << "reduced twice";
+  run.optimizer.update(1e-2, at::zeros({}));
 }
 
 TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <numbers>
 
+#include "dist/communicator.h"
 #include "model/hf_state_dict.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
@@ -14,6 +15,7 @@
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/lr_schedule.h"
+#include "trainer/optim/replicated_adamw.h"
 #include "trainer/run/train_step.h"
 
 namespace mltrain {
@@ -73,6 +75,20 @@ TEST(AdamW, ASkippedStepChangesNothing) {
   for (const auto& [name, tensor] : optimizer.state())
     EXPECT_TRUE(at::equal(tensor, state_before.at(name))) << name;
   EXPECT_EQ(optimizer.state().at("matrix.step").item<double>(), 1.0);
+}
+
+// An update before the gradients are averaged would step each rank on its own gradients.
+TEST(ReplicatedAdamW, UpdatesOnlyAfterTheGradientsAreReduced) {
+  const World world;
+  const auto communicator = make_communicator(world);
+  const std::vector<at::Tensor> parameters{at::zeros({3}).requires_grad_(true),
+                                           at::zeros({4}).requires_grad_(true)};
+  ReplicatedAdamW optimizer({{"a", parameters[0]}, {"b", parameters[1]}}, *communicator,
+                            DataParallelOptions{});
+  EXPECT_THROW(optimizer.update(1e-2, at::zeros({})), std::logic_error);
+  optimizer.reduce_gradients();
+  EXPECT_THROW(optimizer.reduce_gradients(), std::logic_error);
+  EXPECT_NO_THROW(optimizer.update(1e-2, at::zeros({})));
 }
 
 TEST(ClipByGlobalNorm, ScalesToTheLimitAndReportsTheNormBefore) {

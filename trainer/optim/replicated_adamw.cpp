@@ -1,5 +1,7 @@
 #include "trainer/optim/replicated_adamw.h"
 
+#include <stdexcept>
+
 namespace mltrain {
 ReplicatedAdamW::ReplicatedAdamW(const NamedParameters& parameters, Communicator& communicator,
                                  const DataParallelOptions& options)
@@ -9,7 +11,9 @@ ReplicatedAdamW::ReplicatedAdamW(const NamedParameters& parameters, Communicator
       adamw_(parameters, options.adamw) {}
 
 ReducedGradients ReplicatedAdamW::reduce_gradients() {
+  if (reduced_) throw std::logic_error("ReplicatedAdamW::reduce_gradients twice in one step");
   reducer_.finish();
+  reduced_ = true;
   std::vector<at::Tensor> grads;
   grads.reserve(parameters_.size());
   for (const at::Tensor& parameter : parameters_) grads.push_back(parameter.grad());
@@ -17,8 +21,11 @@ ReducedGradients ReplicatedAdamW::reduce_gradients() {
 }
 
 void ReplicatedAdamW::update(double lr, const at::Tensor& skip) {
+  // Before the reduction each rank holds its own gradients: the ranks would drift apart.
+  if (!reduced_) throw std::logic_error("ReplicatedAdamW::update before reduce_gradients");
   adamw_.step(lr, skip);
   reducer_.zero_grad();
+  reduced_ = false;
 }
 
 }  // namespace mltrain

@@ -26,6 +26,7 @@ class ReplicatedAdamW : public Optimizer {
   std::vector<at::Tensor> parameters_;
   GradReducer reducer_;
   AdamW adamw_;
+  bool reduced_ = false;  // reduce_gradients() ran since the last update()
 };
 
 }  // namespace mltrain

@@ -32,8 +32,7 @@ Zero1AdamW::Zero1AdamW(const NamedParameters& parameters, Communicator& communic
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
     const int64_t elements = bucket.layout.part_elements(ranks);
-    Part part{&bucket.layout,
-              communicator_.rank() * elements,
+    Part part{communicator_.rank() * elements,
               bucket.weights.narrow(0, communicator_.rank() * elements, elements),
               reducer_.averaged_parts()[b],
               {},
@@ -96,6 +95,7 @@ void Zero1AdamW::add_pieces_to_update(const Bucket& bucket, const Part& part) {
 
 // 1. Reduce-scatter.
 ReducedGradients Zero1AdamW::reduce_gradients() {
+  if (reduced_) throw std::logic_error("Zero1AdamW::reduce_gradients twice in one step");
   reducer_.finish();
   reduced_ = true;
   return {reducer_.averaged_parts(), &communicator_};
@@ -104,9 +104,9 @@ ReducedGradients Zero1AdamW::reduce_gradients() {
 void Zero1AdamW::update(double lr, const at::Tensor& skip) {
   if (!reduced_) throw std::logic_error("Zero1AdamW::update before reduce_gradients");
   // 2. The update of this rank's part of the weights.
+  check_parameters_in_buckets();
   update_.step(lr, skip);
   // 3. Every rank's part to every rank, one bucket at a time, as the reducer reduces them.
-  check_parameters_in_buckets();
   for (const Bucket& bucket : buckets_) communicator_.all_gather(bucket.weights)->wait();
   reducer_.zero_grad();
   reduced_ = false;

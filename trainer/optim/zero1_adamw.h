@@ -44,7 +44,6 @@ class Zero1AdamW : public Optimizer {
 
   // This rank's part of each bucket, in the order of the buckets (for the tests and the plan).
   struct Part {
-    const BucketLayout* layout;
     int64_t begin = 0;     // its first element in the bucket
     at::Tensor weights;    // this rank's part of the bucket's weights
     at::Tensor gradients;  // the average of the part's gradients, after reduce_gradients()
