@@ -1,7 +1,12 @@
 # LibTorch comes from the pinned torch wheel in the virtualenv that launch/setup.sh creates. The
-# wheel is a CUDA build: its CMake config enables CUDA against the toolkit in /usr/local/cuda, whose
-# major version must match the wheel's. A GPU is not needed to build or to run on the CPU.
-set(MLTRAIN_PYTHON "$ENV{HOME}/.cache/mltrain/venv/bin/python" CACHE FILEPATH
+# wheel is a CUDA build: its CMake config enables CUDA against a toolkit whose major version must
+# match the wheel's. A GPU is not needed to build or to run on the CPU.
+if(DEFINED ENV{MLTRAIN_HOME})
+  set(_mltrain_home "$ENV{MLTRAIN_HOME}")
+else()
+  set(_mltrain_home "$ENV{HOME}/.cache/mltrain")
+endif()
+set(MLTRAIN_PYTHON "${_mltrain_home}/venv/bin/python" CACHE FILEPATH
     "Python of the virtualenv holding the torch wheel (made by launch/setup.sh)")
 if(NOT EXISTS "${MLTRAIN_PYTHON}")
   message(FATAL_ERROR "No Python at MLTRAIN_PYTHON=${MLTRAIN_PYTHON}: run launch/setup.sh first")
@@ -9,7 +14,7 @@ endif()
 
 execute_process(
   COMMAND "${MLTRAIN_PYTHON}" -c
-          "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or '')"
+          "import sys, torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or ''); print(sys.prefix)"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _torch_result)
 if(NOT _torch_result EQUAL 0)
@@ -19,10 +24,26 @@ string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 _torch_prefix)
 list(GET _torch_info 1 MLTRAIN_TORCH_VERSION)
 list(GET _torch_info 2 _torch_cuda)
+list(GET _torch_info 3 _python_prefix)
 
 if(_torch_cuda)
-  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  # The toolkit: the one whose nvcc is given as CMAKE_CUDA_COMPILER; else the one launch/setup.sh
+  # lays out in the virtualenv, pinned with the wheel; else /usr/local/cuda.
+  if(NOT CMAKE_CUDA_COMPILER)
+    foreach(_toolkit "${_python_prefix}/cuda" /usr/local/cuda)
+      if(EXISTS "${_toolkit}/bin/nvcc")
+        set(CMAKE_CUDA_COMPILER "${_toolkit}/bin/nvcc")
+        # Torch's config finds the toolkit twice (FindCUDA, then FindCUDAToolkit): both from here.
+        set(CUDA_TOOLKIT_ROOT_DIR "${_toolkit}")
+        set(CUDAToolkit_ROOT "${_toolkit}")
+        break()
+      endif()
+    endforeach()
+    if(NOT CMAKE_CUDA_COMPILER)
+      message(FATAL_ERROR "torch ${MLTRAIN_TORCH_VERSION} is a CUDA ${_torch_cuda} build and no CUDA toolkit was "
+                          "found in ${_python_prefix}/cuda or /usr/local/cuda: run launch/setup.sh, which "
+                          "installs the one pinned with the wheel, or name one with -DCMAKE_CUDA_COMPILER=")
+    endif()
   endif()
   # Torch's config enables CUDA to describe its libraries; we compile no CUDA ourselves. Naming the
   # architectures spares it probing for a GPU (there is none on build machines), and CMake 3.25

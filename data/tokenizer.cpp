@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <regex>
 #include <string_view>
 #include <unordered_map>
 
@@ -170,13 +171,33 @@ std::vector<Tokenizer::Piece> Tokenizer::pieces() const {
   return pieces;
 }
 
+namespace {
+
+// SentencePiece's reason for failing, in mlprep's terms where it is the one users meet: a
+// vocabulary smaller than the corpus's characters need ("... smaller than required_chars. 1024 vs
+// 2204. ...", where the second count includes the byte and special pieces).
+std::string training_failure(const std::string& reason, int64_t vocab_size, double coverage) {
+  static const std::regex too_small(R"(smaller than required_chars\. \d+ vs (\d+))");
+  std::smatch needed;
+  if (!std::regex_search(reason, needed, too_small))
+    return fmt::format("training a {}-token tokenizer failed: {}", vocab_size, reason);
+  return fmt::format(
+      "--vocab-size {} is too small for this corpus: its tokenizer needs at least {} tokens (a "
+      "piece for each of the characters that make up {:.2f}% of the sampled text, 256 byte pieces "
+      "and 3 special ones): give --vocab-size {} or more, and a model.vocab_size at least as large",
+      vocab_size, needed[1].str(), 100.0 * coverage, needed[1].str());
+}
+
+}  // namespace
+
 void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
                      const std::filesystem::path& model) {
+  const double coverage = character_coverage(documents, vocab_size);
   const std::unordered_map<std::string, std::string> options = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},
       {"byte_fallback", "true"},
-      {"character_coverage", std::to_string(character_coverage(documents, vocab_size))},
+      {"character_coverage", std::to_string(coverage)},
       {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", "false"},
       {"add_dummy_prefix", "false"},
@@ -195,10 +216,7 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
   LineIterator lines(documents);
   std::string serialized;
   const auto status = sentencepiece::SentencePieceTrainer::Train(options, &lines, &serialized);
-  if (!status.ok()) {
-    throw UserError(
-        fmt::format("training a {}-token tokenizer failed: {}", vocab_size, status.ToString()));
-  }
+  if (!status.ok()) throw UserError(training_failure(status.ToString(), vocab_size, coverage));
   write_file_atomically(model, serialized);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The newcomer's first command, on a fresh CPU machine: sets up and builds mltrain, prepares the
 # bundled demo corpus (English and Chinese fortunes from Debian packages) into data/demo/, trains
-# the smoke config on the CPU into runs/smoke/ (replacing the previous demo run; about two minutes),
+# the smoke config on the CPU into runs/smoke/ (replacing the previous demo run; about a minute),
 # evaluates the trained weights, and prints samples from the model.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -2,8 +2,9 @@
 # Data-parallel training on this machine: N ranks under mpirun, one per GPU (or N CPU ranks with
 # --set train.device=cpu, which all-reduce over MPI).
 #   bash launch/local_ranks.sh 8 configs/base.yaml
-#   bash launch/local_ranks.sh 2 configs/smoke.yaml --set train.device=cpu --set train.threads=1
-# As root, Open MPI also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
+#   bash launch/local_ranks.sh 2 configs/smoke.yaml --set train.device=cpu --set train.threads=1 --set train.run_dir=runs/smoke-2
+# As root (as the README's set-up runs), the script gives Open MPI the two variables it asks for
+# before it starts ranks as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
 #
 # Ctrl-C (or SIGTERM or SIGHUP to this script) stops the run with a checkpoint: the script sends
 # SIGUSR1 to mpirun, which forwards it to every rank, and the ranks finish their step, checkpoint
@@ -15,6 +16,12 @@ ranks=${1:?usage: launch/local_ranks.sh RANKS CONFIG.yaml [mltrain options]}
 shift
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mltrain=${MLTRAIN_BIN:-$repo/build/bin/mltrain}  # another build's, for its tests
+
+# Open MPI refuses to start ranks as root unless told so twice. This launcher starts them on this
+# machine only, for the user who runs it.
+if [[ $(id -u) -eq 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
 
 # The script goes on when what reads its output goes away (`... | tee log`, and Ctrl-C): its
 # ranks still have a checkpoint to save.

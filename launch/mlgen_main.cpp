@@ -269,19 +269,16 @@ int main(int argc, char** argv) {
     const std::filesystem::path weights = mltrain::find_weights(arguments->source);
     // The config saved with the weights is the one they fit, even where the run's own config
     // has changed since.
-    const std::filesystem::path beside_weights = weights.parent_path() / "config.yaml";
-    const std::filesystem::path config_file =
-        std::filesystem::exists(beside_weights)
-            ? beside_weights
-            : std::filesystem::path(arguments->source) / "config.yaml";
+    const std::filesystem::path config_file = mltrain::saved_config_for(arguments->source, weights);
     const mltrain::Config config = mltrain::load_config(config_file);
-    if (config.data.tokenizer.empty()) {
+    const std::string tokenizer_file = mltrain::tokenizer_for(weights, config);
+    if (tokenizer_file.empty()) {
       throw mltrain::UserError(fmt::format(
           "{}: data.tokenizer is empty, and mlgen needs the tokenizer the corpus was prepared "
           "with",
           config_file.string()));
     }
-    const mltrain::Tokenizer tokenizer(config.data.tokenizer);
+    const mltrain::Tokenizer tokenizer(tokenizer_file);
     mltrain::check_weights_can_fill(config.model, config_file.string(), weights);
     mltrain::Llama model(config.model, mltrain::choose_kernels(config.train.kernels, device));
     mltrain::load_model_weights(model, weights);

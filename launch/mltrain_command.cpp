@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "dist/world.h"
 #include "launch/mltrain_command_line.h"
+#include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/config/config.h"
 #include "trainer/report/loss_plot.h"
 #include "trainer/run/dry_run.h"
@@ -17,6 +18,18 @@
 #include "trainer/run/training_run.h"
 
 namespace mltrain {
+namespace {
+
+// CONFIG.yaml's config, or without one the config saved with the checkpoint of --resume, wherever
+// that checkpoint now is: its data paths are absolute.
+Config command_config(const CommandLine& command_line) {
+  if (!command_line.config_path.empty())
+    return load_config(command_line.config_path, command_line.overrides);
+  const std::filesystem::path source = command_line.resume;
+  return load_config(saved_config_for(source, find_weights(source)), command_line.overrides);
+}
+
+}  // namespace
 
 int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
   // A log read through a pipe (`mltrain ... | tee log`) must not end the run when its reader goes:
@@ -30,7 +43,7 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
       fmt::print("{}", command_line_help());
       return 0;
     }
-    const Config config = load_config(command_line.config_path, command_line.overrides);
+    const Config config = command_config(command_line);
     if (command_line.dump_config) {
       fmt::print("{}", config_to_yaml(config));
     } else if (command_line.dry_run) {

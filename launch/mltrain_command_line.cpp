@@ -33,8 +33,9 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
   app.allow_extras();
   // A repeated option takes its last value, as --set's later overrides win.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("CONFIG.yaml", command_line.config_path, "the run's config")
-      ->required()
+  app.add_option("CONFIG.yaml", command_line.config_path,
+                 "the run's config; --eval-only and --export-hf without one take\n"
+                 "the config saved with the checkpoint of --resume")
       ->type_name("");
   app.add_option("--set", command_line.overrides,
                  "override one config key (repeatable; later ones win)")
@@ -90,14 +91,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   CommandLine command_line;
   CLI::App app;
   define_arguments(app, command_line);
-  bool config_missing = false;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     command_line.help = true;
     return command_line;
-  } catch (const CLI::RequiredError&) {  // the config path is the one required argument
-    config_missing = true;
   } catch (const CLI::ParseError& error) {
     throw UserError(fmt::format("{} (see mltrain --help)", error.what()));
   }
@@ -109,7 +107,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   if (!extra.empty()) {
     throw UserError(fmt::format("unexpected argument {}: give one config file", extra.front()));
   }
-  if (config_missing) throw UserError("no config file given (see mltrain --help)");
+  const bool reads_weights = command_line.eval_only || !command_line.export_hf.empty();
+  if (command_line.config_path.empty() && !reads_weights)
+    throw UserError("no config file given (see mltrain --help)");
   for (const auto& [flag, given] : {std::pair{"--eval-only", command_line.eval_only},
                                     std::pair{"--export-hf", !command_line.export_hf.empty()}}) {
     if (given && command_line.resume.empty()) {
@@ -117,6 +117,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
           "{} needs trained weights: add --resume auto (the run directory) or --resume PATH",
           flag));
     }
+  }
+  if (command_line.config_path.empty() && command_line.resume == "auto") {
+    throw UserError(
+        "--resume auto is the newest checkpoint of the config's train.run_dir: give CONFIG.yaml, "
+        "or --resume RUN_DIR");
   }
   if ((command_line.ranks != 0 || command_line.device_memory_gb != 0) && !command_line.dry_run)
     throw UserError("--ranks and --device-memory-gb shape the plan of --dry-run: add --dry-run");

@@ -8,8 +8,9 @@ namespace mltrain {
 // mltrain CONFIG.yaml [--set section.key=value]... [--resume auto|PATH] [--eval-only]
 //         [--export-hf OUT_DIR] [--dry-run [--ranks N] [--device-memory-gb GB]] [--dump-config]
 //         [--plot] [--help]
+// mltrain --resume PATH (--eval-only | --export-hf OUT_DIR) [--set section.key=value]...
 struct CommandLine {
-  std::string config_path;
+  std::string config_path;  // empty: the config saved with the checkpoint of --resume
   std::vector<std::string> overrides;
   std::string resume;  // "auto" (train.run_dir), a run directory or a weights file; empty: none
   bool eval_only = false;
@@ -23,7 +24,7 @@ struct CommandLine {
 };
 
 // Throws UserError, one line naming the argument, for an unknown flag, a missing value or a
-// missing config path.
+// missing config path (which only --eval-only and --export-hf with --resume PATH may leave out).
 CommandLine parse_command_line(int argc, const char* const* argv);
 
 // The --help text, made from the definitions parse_command_line parses with.

@@ -65,6 +65,54 @@ install_python_packages() {
   cp "$requirements" "$stamp"
 }
 
+# The CUDA toolkit the build compiles and links against: the compiler pieces (nvcc, NVVM, the CUDA
+# C++ headers) at the exact cuda-toolkit version that the torch wheel requires for its own runtime
+# libraries, laid out with those libraries as a toolkit in $venv/cuda, where CMake looks first.
+# Every machine builds with the same toolkit, pinned with the wheel, whatever CUDA it has installed
+# (or none: a GPU machine needs only the driver). A CPU-only wheel needs none.
+install_cuda_toolkit() {
+  local version toolkit=$venv/cuda
+  version=$("$venv/bin/python" -c 'import importlib.metadata, re
+for requirement in importlib.metadata.requires("torch") or []:
+    pin = re.match(r"cuda-toolkit(\[[^]]*\])?==([0-9.]+)", requirement)
+    if pin:
+        print(pin.group(2))')
+  if [[ -z $version ]]; then
+    say "CUDA toolkit: none needed (a CPU-only torch wheel)"
+    return
+  fi
+  if [[ -x $toolkit/bin/nvcc ]] && [[ $(cat "$toolkit/.mltrain-cuda-toolkit" 2>/dev/null) == "$version" ]]; then
+    say "CUDA toolkit: $toolkit ($version, pinned with the torch wheel)"
+    return
+  fi
+  say "CUDA toolkit: installing cuda-toolkit $version's compiler into $venv (about 250 MB, once)"
+  "$venv/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check \
+    "cuda-toolkit[nvcc,nvvm,crt,cccl]==$version"
+  # The wheels unpack into one tree, site-packages/nvidia/cuNN, which lacks two things of a toolkit
+  # that nvcc and CMake look for: lib64/ and the libraries' unversioned names.
+  local wheel_tree
+  wheel_tree=$("$venv/bin/python" -c 'import pathlib, sysconfig, torch
+print(pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / ("cu" + torch.version.cuda.split(".")[0]))')
+  rm -rf "$toolkit.new"
+  mkdir -p "$toolkit.new/bin" "$toolkit.new/lib64"
+  ln -s "$wheel_tree/include" "$toolkit.new/include"
+  ln -s "$wheel_tree/nvvm" "$toolkit.new/nvvm"
+  local file name
+  for file in "$wheel_tree"/bin/*; do ln -s "$file" "$toolkit.new/bin/"; done
+  for file in "$wheel_tree"/lib/*; do
+    ln -s "$file" "$toolkit.new/lib64/"
+    name=$(basename "$file")
+    if [[ $name == *.so.* ]] && [[ ! -e $toolkit.new/lib64/${name%%.so.*}.so ]]; then
+      ln -s "$name" "$toolkit.new/lib64/${name%%.so.*}.so"
+    fi
+  done
+  echo "$version" >"$toolkit.new/.mltrain-cuda-toolkit"
+  rm -rf "$toolkit"
+  mv "$toolkit.new" "$toolkit"
+  say "CUDA toolkit: $toolkit ($("$toolkit/bin/nvcc" --version | tail -1))"
+}
+
 install_debian_packages
 install_python_packages
+install_cuda_toolkit
 say "ready: LibTorch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') from $venv"

@@ -177,14 +177,16 @@ TEST(BadInput, SizesBeyondCountingAndAbsurdNumbersAreOneLine) {
   }
 }
 
-// A model whose weights alone exceed the machine is planned, not built.
+// A model whose weights alone exceed the machine is planned, not built, and the dry run exits as
+// the run would stop: 2.
 TEST(BadInput, ADryRunOfAModelTooLargeForTheMachineDoesNotBuildIt) {
   const CommandResult result = run("mltrain", MLTRAIN_SOURCE_DIR
                                    "/configs/base.yaml --dry-run --set train.device=cpu --set "
                                    "model.n_layers=100000");
-  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.exit_code, kExitUserError) << result.output;
   EXPECT_CONTAINS(result.output, "the model is not built: its weights alone take 1128.");
   EXPECT_CONTAINS(result.output, "dry run: the config is valid; nothing was trained");
+  EXPECT_CONTAINS(result.output, "a run of this config would stop here");
 }
 
 // Weights are read into a model built from a config: one that describes a far larger model than
@@ -255,6 +257,15 @@ TEST(BadInput, PlotPassesOverBadLinesAndNeedsMetrics) {
                                       ": passed over 3 line(s) that are not metrics "
                                       "records, the first at line");
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "loss.png"));
+
+  // Metrics without a finite loss (a run that only diverged) are nothing to plot either, and the
+  // picture already drawn stays.
+  const std::string picture = testing::read_text(dir / "run" / "loss.png");
+  testing::write_text(metrics,
+                      "{\"event\": \"start\", \"step\": 0}\n{\"step\": 1, \"loss\": null}\n");
+  expect_user_error(run("mltrain", config + " --plot"),
+                    metrics.string() + ": no finite losses to plot");
+  EXPECT_EQ(testing::read_text(dir / "run" / "loss.png"), picture);
 
   std::filesystem::remove(metrics);
   expect_user_error(run("mltrain", config + " --plot"), metrics.string() + ": no metrics to plot");

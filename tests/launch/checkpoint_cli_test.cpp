@@ -6,6 +6,7 @@
 #include "tests/launch/trained_run.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
+#include "trainer/config/config.h"
 
 namespace mltrain {
 namespace {
@@ -52,6 +53,91 @@ TEST(CheckpointCli, EvalOnlyAndMlgenRefuseCorruptedWeights) {
   const CommandResult intact = run("mltrain", config + " --eval-only --resume auto");
   EXPECT_EQ(intact.exit_code, 0) << intact.output;
   EXPECT_CONTAINS(intact.output, "val loss");
+}
+
+// A run directory carries what its checkpoints need. Moved elsewhere and used from another working
+// directory, its newest checkpoint evaluates, samples and exports with no config given (the one
+// saved with it names its data by absolute paths); with the corpus gone too, as on another
+// machine, it still samples and exports (the checkpoint holds the tokenizer) and evaluates on
+// validation data named anew.
+TEST(CheckpointCli, AMovedRunIsUsedFromAnyDirectory) {
+  TemporaryDirectory dir;
+  const std::filesystem::path origin = dir / "origin";
+  std::filesystem::create_directories(origin);
+  const CommandResult prepared = testing::run_tool_in(
+      origin, "mlprep",
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 --out data");
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  // Paths relative to the directory the run starts in, as a user writes them.
+  Config config = testing::tiny_run(dir.path());
+  config.model.vocab_size = 512;
+  config.data.train = "data/train_*.bin";
+  config.data.val = "data/val_*.bin";
+  config.data.tokenizer = "data/tokenizer.model";
+  config.train.run_dir = "runs/r";
+  config.train.max_steps = 2;
+  config.optim.warmup_steps = 1;
+  testing::write_text(origin / "run.yaml", config_to_yaml(config));
+  const CommandResult trained = testing::run_tool_in(origin, "mltrain", "run.yaml");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+
+  std::filesystem::create_directories(dir / "elsewhere");
+  std::filesystem::create_directories(dir / "other");
+  const std::filesystem::path moved = dir / "elsewhere" / "r";
+  std::filesystem::rename(origin / "runs" / "r", moved);
+  const CommandResult evaluated =
+      testing::run_tool_in(dir / "other", "mltrain", "--eval-only --resume " + moved.string());
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
+  EXPECT_CONTAINS(evaluated.output, "val loss");
+  EXPECT_CONTAINS(testing::read_text(moved / "metrics.jsonl"), "\"event\":\"eval_only\"");
+
+  const std::filesystem::path corpus = dir / "corpus_elsewhere";
+  std::filesystem::rename(origin / "data", corpus);
+  const CommandResult sampled = testing::run_tool_in(
+      dir / "other", "mlgen", moved.string() + " --prompt 'The ' --max-new-tokens 4");
+  EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
+  EXPECT_CONTAINS(sampled.output, "generation: 4 tokens");
+  const CommandResult exported = testing::run_tool_in(
+      dir / "other", "mltrain", "--resume " + moved.string() + " --export-hf hf");
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_EQ(testing::read_text(dir / "other" / "hf" / "tokenizer.model"),
+            testing::read_text(corpus / "tokenizer.model"));
+
+  const CommandResult without_data =
+      testing::run_tool_in(dir / "other", "mltrain", "--eval-only --resume " + moved.string());
+  EXPECT_EQ(without_data.exit_code, kExitUserError) << without_data.output;
+  EXPECT_CONTAINS(without_data.output, (origin / "data" / "val_*.bin").string());
+  const CommandResult with_data =
+      testing::run_tool_in(dir / "other", "mltrain",
+                           "--eval-only --resume " + moved.string() +
+                               " --set data.val=" + (corpus / "val_*.bin").string());
+  EXPECT_EQ(with_data.exit_code, 0) << with_data.output;
+
+  // The tokenizer is checked like every other file of the checkpoint.
+  corrupt(moved / "checkpoints" / "step_00000002" / "tokenizer.model");
+  const CommandResult damaged = testing::run_tool_in(dir / "other", "mlgen", moved.string());
+  EXPECT_EQ(damaged.exit_code, kExitUserError) << damaged.output;
+  EXPECT_CONTAINS(damaged.output, "tokenizer.model: checksum mismatch");
+}
+
+// A Hugging Face directory, or weights outside a run, come with no config: one is asked for.
+TEST(CheckpointCli, WithoutAConfigTheWeightsMustBeARunsCheckpoint) {
+  TemporaryDirectory dir;
+  trained_run(dir);
+  const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
+  std::filesystem::create_directories(dir / "loose");
+  std::filesystem::copy_file(checkpoint / "model.safetensors", dir / "loose" / "model.safetensors");
+  const CommandResult loose = run("mltrain", "--eval-only --resume " + (dir / "loose").string());
+  EXPECT_EQ(loose.exit_code, kExitUserError) << loose.output;
+  EXPECT_CONTAINS(loose.output, "no config is saved with these weights");
+  EXPECT_EQ(lines(loose.output), 1u) << loose.output;
+
+  const CommandResult automatic = run("mltrain", "--eval-only --resume auto");
+  EXPECT_EQ(automatic.exit_code, kExitUserError) << automatic.output;
+  EXPECT_CONTAINS(automatic.output, "--resume auto is the newest checkpoint of the config's");
+  const CommandResult training = run("mltrain", "--resume " + checkpoint.string());
+  EXPECT_EQ(training.exit_code, kExitUserError) << training.output;
+  EXPECT_CONTAINS(training.output, "no config file given");
 }
 
 TEST(CheckpointCli, ADamagedNewestCheckpointNamesTheIntactOlderOne) {

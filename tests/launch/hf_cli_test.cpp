@@ -48,6 +48,13 @@ double last_eval_only_loss(const std::filesystem::path& run_dir) {
   return loss;
 }
 
+// The loss an --eval-only printed ("val loss 1.234567").
+double printed_val_loss(const std::string& output) {
+  const size_t at = output.find("val loss ");
+  if (at == std::string::npos) throw std::runtime_error("no val loss in:\n" + output);
+  return std::stod(output.substr(at + 9));
+}
+
 TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   TemporaryDirectory dir;
   const std::string config = trained_run(dir);
@@ -67,12 +74,16 @@ TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   at::NoGradGuard no_grad;
   EXPECT_LE((model(tokens) - reference).abs().max().item<double>(), 1e-4);
 
-  // Evaluating the export is evaluating the checkpoint.
-  ASSERT_EQ(mltrain(config + " --eval-only --resume auto").exit_code, 0);
-  const double checkpoint_loss = last_eval_only_loss(dir / "run");
+  // Evaluating the export is evaluating the checkpoint. The checkpoint's evaluation is recorded in
+  // its run; the export belongs to no run, and the run of the config stays byte for byte as it was.
+  const CommandResult checkpoint = mltrain(config + " --eval-only --resume auto");
+  ASSERT_EQ(checkpoint.exit_code, 0) << checkpoint.output;
+  EXPECT_NEAR(last_eval_only_loss(dir / "run"), printed_val_loss(checkpoint.output), 1e-6);
+  const auto run_files = testing::file_contents(dir / "run");
   const CommandResult evaluated = mltrain(config + " --eval-only --resume " + out);
   ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
-  EXPECT_NEAR(last_eval_only_loss(dir / "run"), checkpoint_loss, 1e-6);
+  EXPECT_NEAR(printed_val_loss(evaluated.output), printed_val_loss(checkpoint.output), 2e-6);
+  EXPECT_EQ(testing::file_contents(dir / "run"), run_files);
 
   const std::string written = testing::read_text(dir / "export" / "config.json");
   const CommandResult again = mltrain(config + " --resume auto --export-hf " + out);
@@ -126,10 +137,16 @@ TEST(HfCli, EvaluatesAndStartsFromAModelThatTransformersSaved) {
   const double reference_loss =
       load_safetensors(dir / "out" / "logits.safetensors").at("loss").item<double>();
 
+  // The config's run directory is another run's: evaluating the Hugging Face directory leaves it
+  // byte for byte as it was.
   std::filesystem::create_directories(config.train.run_dir);
+  testing::write_text(std::filesystem::path(config.train.run_dir) / "metrics.jsonl",
+                      "{\"step\": 1, \"loss\": 3.0}\n");
+  const auto run_files = testing::file_contents(config.train.run_dir);
   const CommandResult evaluated = mltrain(run_yaml + " --eval-only --resume " + hf);
   ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
-  EXPECT_NEAR(last_eval_only_loss(config.train.run_dir), reference_loss, 1e-4);
+  EXPECT_NEAR(printed_val_loss(evaluated.output), reference_loss, 1e-4);
+  EXPECT_EQ(testing::file_contents(config.train.run_dir), run_files);
 
   const CommandResult mismatched =
       mltrain(run_yaml + " --eval-only --resume " + hf +

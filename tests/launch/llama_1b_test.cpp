@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/config/config.h"
@@ -30,9 +31,10 @@ TEST(Llama1b, PlansItsMemoryOnEightGpusOf80And141GB) {
     EXPECT_CONTAINS(plan.output, "1: 1.10 GB at 8 ranks");  // the AdamW state, an eighth of 8.8 GB
     EXPECT_CONTAINS(plan.output, std::string("of ") + memory + ".00 GB per rank: fits");
   }
-  // Twice the micro-batch outgrows 80 GB, says so and what would fit, and fits 141 GB.
+  // Twice the micro-batch outgrows 80 GB, says so and what would fit, and exits as the run would
+  // (2); it fits 141 GB.
   const auto larger = dry_run("--ranks 8 --device-memory-gb 80 --set data.micro_batch=16");
-  ASSERT_EQ(larger.exit_code, 0) << larger.output;
+  EXPECT_EQ(larger.exit_code, kExitUserError) << larger.output;
   EXPECT_CONTAINS(larger.output, "of 80.00 GB per rank: does NOT fit");
   EXPECT_CONTAINS(larger.output, "it would fit with train.activation_checkpointing=true");
   const auto on_h200 = dry_run("--ranks 8 --device-memory-gb 141 --set data.micro_batch=16");

@@ -67,6 +67,41 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
 }
 
+// A vocabulary smaller than the corpus's characters need is refused with the size that is enough,
+// and that size is enough.
+TEST(MlprepCli, AVocabularyTooSmallForTheCharactersSaysWhatSizeIsEnough) {
+  testing::TemporaryDirectory dir;
+  // 1,000 distinct CJK characters in a seeded random order, about 60 of each.
+  std::string text;
+  uint32_t state = 12345;
+  for (int document = 0; document < 300; ++document) {
+    for (int i = 0; i < 200; ++i) {
+      state = state * 1664525u + 1013904223u;
+      const uint32_t code = 0x4E00 + (state >> 8) % 1000;
+      text += static_cast<char>(0xE0 | code >> 12);
+      text += static_cast<char>(0x80 | (code >> 6 & 0x3F));
+      text += static_cast<char>(0x80 | (code & 0x3F));
+    }
+    text += "\n\n";
+  }
+  testing::write_text(dir / "cjk.txt", text);
+  const std::string input = "--input " + (dir / "cjk.txt").string();
+  const CommandResult refused = mlprep(input + " --vocab-size 400 --out " + (dir / "a").string());
+  EXPECT_EQ(refused.exit_code, kExitUserError) << refused.output;
+  const std::string said =
+      "--vocab-size 400 is too small for this corpus: its tokenizer needs at least ";
+  const size_t at = refused.output.find(said);
+  ASSERT_NE(at, std::string::npos) << refused.output;
+  const int64_t needed = std::stoll(refused.output.substr(at + said.size()));
+  EXPECT_GT(needed, 900 + 259);  // 98% of the text takes more than 900 of the 1,000 characters
+  EXPECT_CONTAINS(refused.output, fmt::format("give --vocab-size {} or more", needed));
+  EXPECT_FALSE(std::filesystem::exists(dir / "a"));
+
+  const CommandResult enough =
+      mlprep(input + fmt::format(" --vocab-size {} --out ", needed) + (dir / "b").string());
+  EXPECT_EQ(enough.exit_code, 0) << enough.output;
+}
+
 TEST(MlprepCli, ANonEmptyOutputDirectoryExitsTwoAndStaysAsItWas) {
   testing::TemporaryDirectory dir;
   std::filesystem::create_directories(dir / "out");

@@ -131,12 +131,27 @@ TEST(MltrainCli, ARunWhosePlanCannotFitStopsBeforeItAllocates) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run")) << "nothing may be written";
 }
 
+// A plan that does not fit is the dry run's failure, exit 2 as the run's, after the whole report;
+// with train.check_memory=false the run would start, and so the dry run passes with a warning.
 TEST(MltrainCli, DryRunPlansForGpusThisMachineNeedNotHave) {
+  const CommandResult fits = mltrain(kBase + " --dry-run --ranks 8 --device-memory-gb 80");
+  EXPECT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_CONTAINS(fits.output, "of 80.00 GB per rank: fits");
+
   const CommandResult plan = mltrain(kBase + " --dry-run --ranks 8 --device-memory-gb 4");
-  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_EQ(plan.exit_code, kExitUserError) << plan.output;
   EXPECT_CONTAINS(plan.output, "35926528 parameters, 8 ranks on CUDA, bf16 autocast");
   EXPECT_CONTAINS(plan.output, "of 4.00 GB per rank: does NOT fit");
-  EXPECT_CONTAINS(plan.output, "it would fit with train.activation_checkpointing=true");
+  EXPECT_CONTAINS(plan.output, "planned for 8 GPUs of 4 GB, nothing was built");
+  EXPECT_CONTAINS(plan.output,
+                  "dry run: the memory plan needs 7.88 GB per rank but a rank has 4.00 GB: it "
+                  "would fit with train.activation_checkpointing=true");
+  EXPECT_CONTAINS(plan.output, "a run of this config would stop here");
+
+  const CommandResult unchecked =
+      mltrain(kBase + " --dry-run --ranks 8 --device-memory-gb 4 --set train.check_memory=false");
+  EXPECT_EQ(unchecked.exit_code, 0) << unchecked.output;
+  EXPECT_CONTAINS(unchecked.output, "train.check_memory=false starts the run all the same");
 }
 
 TEST(MltrainCli, UnknownFlagIsOneLineAndExitTwo) {
@@ -160,7 +175,8 @@ TEST(MltrainCli, SetOverridesInBothSpellings) {
 TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   const CommandResult run = mltrain("--help");
   EXPECT_EQ(run.exit_code, 0);
-  EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] CONFIG.yaml");
+  EXPECT_CONTAINS(run.output, "Usage: mltrain [OPTIONS] [CONFIG.yaml]");
+  EXPECT_CONTAINS(run.output, "the config saved with the checkpoint of --resume");
   for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
                            "--eval-only", "--export-hf OUT_DIR", "--plot", "--dry-run", "--ranks N",
                            "--device-memory-gb GB", "--dump-config"}) {

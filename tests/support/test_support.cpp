@@ -50,6 +50,15 @@ CommandResult run_tool(const std::string& executable, const std::string& argumen
   return run_command(command);
 }
 
+CommandResult run_tool_in(const std::filesystem::path& directory, const std::string& executable,
+                          const std::string& arguments) {
+  std::string command = "cd '" + directory.string() + "' && " MLTRAIN_BIN_DIR "/";
+  command += executable;
+  command += " ";
+  command += arguments;
+  return run_command(command);
+}
+
 BackgroundProcess::BackgroundProcess(const std::string& command,
                                      const std::filesystem::path& output) {
   pid_ = ::fork();
@@ -97,6 +106,16 @@ std::string read_text(const std::filesystem::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+std::map<std::string, std::string> file_contents(const std::filesystem::path& directory) {
+  std::map<std::string, std::string> contents;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(directory)) {
+    if (entry.is_regular_file())
+      contents[std::filesystem::relative(entry.path(), directory).string()] =
+          read_text(entry.path());
+  }
+  return contents;
 }
 
 double relative_error(const at::Tensor& actual, const at::Tensor& expected) {

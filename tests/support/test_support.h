@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 
 // Checks that `text` holds `part`, printing the whole text when it does not.
@@ -37,6 +38,10 @@ CommandResult run_command(const std::string& command);
 // directory with `arguments`, as a shell command line.
 CommandResult run_tool(const std::string& executable, const std::string& arguments);
 
+// The same, started in the working directory `directory`.
+CommandResult run_tool_in(const std::filesystem::path& directory, const std::string& executable,
+                          const std::string& arguments);
+
 // A shell command running in the background, its output going to a file; for tests that signal
 // or watch a running process.
 class BackgroundProcess {
@@ -61,6 +66,10 @@ class BackgroundProcess {
 
 void write_text(const std::filesystem::path& path, const std::string& text);
 std::string read_text(const std::filesystem::path& path);
+
+// Every regular file under `directory` with its bytes, by path relative to it: two snapshots are
+// equal when nothing in the tree was written, added or removed.
+std::map<std::string, std::string> file_contents(const std::filesystem::path& directory);
 
 // ||actual - expected|| / ||expected|| in float64.
 double relative_error(const at::Tensor& actual, const at::Tensor& expected);

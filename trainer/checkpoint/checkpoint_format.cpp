@@ -20,6 +20,9 @@
 namespace mltrain {
 namespace {
 
+// SentencePiece models of the largest vocabularies are a few MB.
+constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
+
 // XXH3 of a file's bytes, as 16 hex digits.
 std::string file_checksum(const std::filesystem::path& path) {
   const InputFile in(path, "checkpoint file");
@@ -54,7 +57,7 @@ CheckpointState verified_state(const std::filesystem::path& checkpoint) {
 void check_config(const std::filesystem::path& checkpoint, const Config& config) {
   const Config saved = load_config(checkpoint / "config.yaml");
   std::vector<std::string> model_changes;
-  for (const ConfigChange& change : config_changes(saved, config)) {
+  for (const ConfigChange& change : config_changes(saved, with_absolute_data_paths(config))) {
     // model.init_from says where a fresh run's weights came from, not what the model is: a
     // resumed run takes the checkpoint's weights whatever it names.
     if (change.key.starts_with("model.") && change.key != "model.init_from") {
@@ -93,7 +96,15 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
   save_model_weights(model, directory / "model.safetensors");
   if (after_weights) after_weights(directory);
   save_safetensors(directory / "optimizer.safetensors", optimizer_state);
-  write_file_atomically(directory / "config.yaml", config_to_yaml(config));
+  write_file_atomically(directory / "config.yaml",
+                        config_to_yaml(with_absolute_data_paths(config)));
+  const std::filesystem::path tokenizer = config.data.tokenizer;
+  // A run trains without a tokenizer at the default path (shards made elsewhere).
+  const bool with_tokenizer = !tokenizer.empty() && std::filesystem::is_regular_file(tokenizer);
+  if (with_tokenizer) {
+    write_file_atomically(directory / kCheckpointTokenizer,
+                          InputFile(tokenizer, "tokenizer").read_all(kMostTokenizerBytes));
+  }
 
   CheckpointState state;
   state.progress = progress;
@@ -102,7 +113,20 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
   state.cpu_rng.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
   for (const std::string& name : checkpoint_files())
     state.checksums[name] = file_checksum(directory / name);
+  if (with_tokenizer) {
+    const std::string name(kCheckpointTokenizer);
+    state.checksums[name] = file_checksum(directory / name);
+  }
   write_file_atomically(directory / "state.json", checkpoint_state_json(state));
+}
+
+std::string tokenizer_for(const std::filesystem::path& weights, const Config& config) {
+  // The copy is the checkpoint's when its state.json vouches for it with a checksum.
+  const std::filesystem::path checkpoint = weights.parent_path();
+  if (std::filesystem::exists(checkpoint / "state.json") &&
+      read_checkpoint_state(checkpoint).checksums.contains(std::string(kCheckpointTokenizer)))
+    return (checkpoint / kCheckpointTokenizer).string();
+  return config.data.tokenizer;
 }
 
 void verify_checkpoint(const std::filesystem::path& checkpoint) { verified_state(checkpoint); }

@@ -19,16 +19,24 @@ std::string checkpoint_name(int64_t step);
 std::optional<int64_t> checkpoint_step(const std::string& name);
 
 // One checkpoint directory: model.safetensors (Hugging Face names), optimizer.safetensors (AdamW
-// moments and step counts), config.yaml (the effective config) and state.json (progress, RNG
-// state, world size, versions, and an XXH3 checksum of every other file).
+// moments and step counts), config.yaml (the effective config, its data paths absolute),
+// tokenizer.model (the run's, when it has one) and state.json (progress, RNG state, world size,
+// versions, and an XXH3 checksum of every other file): all a reader needs, wherever it is moved.
 
-// Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk;
+// Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk: the
+// tensors, the config with its data paths made absolute, a copy of the run's tokenizer when it has
+// one, and state.json;
 // `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
 // or a full disk in the middle of a save).
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
                       const OptimizerState& optimizer_state, const TrainingProgress& progress,
                       const Config& config, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights = {});
+
+// The tokenizer that goes with `weights`: the copy its checkpoint holds, which moves with it, or
+// else (weights outside a checkpoint, or a checkpoint of a run without a tokenizer) `config`'s
+// data.tokenizer.
+std::string tokenizer_for(const std::filesystem::path& weights, const Config& config);
 
 // Reads state.json (read_checkpoint_state) and checks every file against its checksum there. A
 // missing or damaged state, a missing, truncated or corrupted file is a UserError naming the file.

@@ -112,11 +112,16 @@ std::map<std::string, std::string> read_checksums(const StateReader& state) {
     state.hex_bytes(*found, fmt::format("{}.{}", key, name), 8);  // XXH3's 64 bits
     checksums[name] = found->get<std::string>();
   }
+  const std::string tokenizer(kCheckpointTokenizer);
+  if (const auto found = json.find(tokenizer); found != json.end()) {
+    state.hex_bytes(*found, fmt::format("{}.{}", key, tokenizer), 8);
+    checksums[tokenizer] = found->get<std::string>();
+  }
   // The names are the checkpoint's own files: a listed path could send the check elsewhere.
   if (json.size() != checksums.size())
-    state.fail(key,
-               fmt::format("lists files that are not a checkpoint's (only {}, {} and {})",
-                           checkpoint_files()[0], checkpoint_files()[1], checkpoint_files()[2]));
+    state.fail(key, fmt::format("lists files that are not a checkpoint's (only {}, {}, {} and {})",
+                                checkpoint_files()[0], checkpoint_files()[1], checkpoint_files()[2],
+                                tokenizer));
   return checksums;
 }
 

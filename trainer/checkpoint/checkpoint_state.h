@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mltrain {
@@ -28,20 +29,25 @@ struct CheckpointState {
   std::map<std::string, std::string> checksums;  // by file name
 };
 
-// The files a checkpoint holds besides state.json, each with its checksum there.
+// The files every checkpoint holds besides state.json, each with its checksum there.
 inline const std::vector<std::string>& checkpoint_files() {
   static const std::vector<std::string> files = {"model.safetensors", "optimizer.safetensors",
                                                  "config.yaml"};
   return files;
 }
 
+// The copy of the run's tokenizer that a checkpoint holds when the run has one, checksummed like
+// the others, so that a checkpoint is used (sampled, exported) wherever it is moved.
+inline constexpr std::string_view kCheckpointTokenizer = "tokenizer.model";
+
 // state.json's text for `state` (and the versions that wrote it).
 std::string checkpoint_state_json(const CheckpointState& state);
 
 // Reads CHECKPOINT/state.json as strictly as a config: every key of the right type and in range,
 // the counts consistent with each other (a step consumes samples, a sample tokens) and with the
-// directory's name, the generator state of this LibTorch's size, a checksum for each file and
-// none for another. Anything else is a UserError that names the file and the key.
+// directory's name, the generator state of this LibTorch's size, a checksum for each file (and
+// the tokenizer, when there is one) and none for another. Anything else is a UserError that names
+// the file and the key.
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint);
 
 }  // namespace mltrain

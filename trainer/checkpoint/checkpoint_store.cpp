@@ -203,4 +203,23 @@ std::filesystem::path find_weights(const std::filesystem::path& path) {
                   path.string()));
 }
 
+std::filesystem::path saved_config_for(const std::filesystem::path& source,
+                                       const std::filesystem::path& weights) {
+  const std::filesystem::path checkpoint = weights.parent_path();
+  if (std::filesystem::exists(checkpoint / "state.json")) return checkpoint / "config.yaml";
+  if (std::filesystem::exists(source / "config.yaml")) return source / "config.yaml";
+  throw UserError(
+      fmt::format("{}: no config is saved with these weights (mltrain's checkpoints have one): "
+                  "give the CONFIG.yaml they were trained with",
+                  source.string()));
+}
+
+std::optional<std::filesystem::path> run_directory_of(const std::filesystem::path& weights) {
+  const std::filesystem::path checkpoint = weights.parent_path();
+  if (!std::filesystem::exists(checkpoint / "state.json") ||
+      checkpoint.parent_path().filename() != "checkpoints")
+    return std::nullopt;
+  return checkpoint.parent_path().parent_path();
+}
+
 }  // namespace mltrain

@@ -60,4 +60,13 @@ class CheckpointStore {
 // directory's newest checkpoint's. Nothing there, or a damaged checkpoint, is a UserError.
 std::filesystem::path find_weights(const std::filesystem::path& path);
 
+// The config saved with `weights`, which find_weights found for `source`: its checkpoint's
+// config.yaml, or the one in `source` itself. Weights saved with none (a Hugging Face directory, a
+// bare .safetensors file) are a UserError that asks for the config they were trained with.
+std::filesystem::path saved_config_for(const std::filesystem::path& source,
+                                       const std::filesystem::path& weights);
+
+// The run directory whose checkpoint holds `weights` (RUN_DIR/checkpoints/step_X/...), if any.
+std::optional<std::filesystem::path> run_directory_of(const std::filesystem::path& weights);
+
 }  // namespace mltrain

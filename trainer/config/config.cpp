@@ -394,6 +394,14 @@ std::string config_to_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
+Config with_absolute_data_paths(Config config) {
+  for (std::string* path :
+       {&config.data.train, &config.data.val, &config.data.tokenizer, &config.init_from}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  }
+  return config;
+}
+
 std::vector<ConfigChange> config_changes(const Config& before, const Config& after) {
   std::vector<ConfigChange> changes;
   for (const KeySpec& spec : key_specs()) {

@@ -133,6 +133,11 @@ Config load_config(const std::filesystem::path& file,
 // The effective config as YAML that load_config reads back to the same Config.
 std::string config_to_yaml(const Config& config);
 
+// `config` with the paths it reads from (data.train, data.val, data.tokenizer, model.init_from)
+// made absolute against the working directory: the form a run saves, so that the config saved
+// with a run means the same files from any directory, and after the run directory has moved.
+Config with_absolute_data_paths(Config config);
+
 // A key whose value differs between two configs, with both values as YAML shows them.
 struct ConfigChange {
   std::string key;

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -62,9 +63,11 @@ Curves read_curves(const std::filesystem::path& metrics) {
       for (Points* points : {&curves.train, &curves.val})
         std::erase_if(*points, [at](const auto& point) { return point.first > at; });
     } else if (record.contains("loss") && !record.contains("skipped")) {
-      curves.train.emplace_back(at, number_of("loss"));
+      if (const double loss = number_of("loss"); std::isfinite(loss))
+        curves.train.emplace_back(at, loss);
     } else if (record.contains("val_loss")) {
-      curves.val.emplace_back(at, number_of("val_loss"));
+      if (const double loss = number_of("val_loss"); std::isfinite(loss))
+        curves.val.emplace_back(at, loss);
     }
   }
   return curves;
@@ -122,8 +125,9 @@ void draw_loss_curve(const std::filesystem::path& run_dir) {
     spdlog::warn("{}: passed over {} line(s) that are not metrics records, the first at line {}",
                  metrics.string(), curves.bad_lines, curves.first_bad_line);
   }
+  // Without a finite loss gnuplot has nothing to draw: that is the metrics' fault, not the plot's.
   if (curves.train.empty() && curves.val.empty())
-    throw UserError(fmt::format("{}: no losses to plot", metrics.string()));
+    throw UserError(fmt::format("{}: no finite losses to plot", metrics.string()));
 
   std::string pattern = (std::filesystem::temp_directory_path() / "mltrain-plot-XXXXXX").string();
   if (::mkdtemp(pattern.data()) == nullptr)

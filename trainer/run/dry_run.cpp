@@ -1,8 +1,10 @@
 #include "trainer/run/dry_run.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/version.h>
 
+#include "common/error.h"
 #include "model/llama.h"
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
@@ -13,11 +15,25 @@
 namespace mltrain {
 namespace {
 
-// The plan, and what would make it fit where it does not: a dry run reports, and refuses nothing.
-void report(const MemoryPlan& plan, const Config& config) {
+// The plan; where it does not fit, what would make it fit, returned for the dry run's verdict.
+std::string report(const MemoryPlan& plan, const Config& config) {
   spdlog::info("{}", describe(plan));
-  if (const std::string shortfall = memory_shortfall(plan, config); !shortfall.empty())
-    spdlog::warn("{}", shortfall);
+  return memory_shortfall(plan, config);
+}
+
+// The dry run's exit: the one a run of this config would reach first. A plan that does not fit is
+// refused as the run would refuse it (exit 2), once everything else has been reported, so that a
+// script can tell it from a config that would run.
+void refuse_if_short(const std::string& shortfall, const Config& config) {
+  if (shortfall.empty()) return;
+  if (!config.train.check_memory) {
+    spdlog::warn("{}; train.check_memory=false starts the run all the same", shortfall);
+    return;
+  }
+  throw UserError(fmt::format(
+      "dry run: {}; a run of this config would stop here (train.check_memory=false starts it "
+      "all the same)",
+      shortfall));
 }
 
 }  // namespace
@@ -32,9 +48,10 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
                                                  .cuda = true,
                                                  .bf16 = precision.bf16,
                                                  .device_memory = target.device_memory_gb * 1e9});
-    report(plan, config);
+    const std::string shortfall = report(plan, config);
     spdlog::info("dry run: the config is valid; planned for {} GPUs of {} GB, nothing was built",
                  ranks, target.device_memory_gb);
+    refuse_if_short(shortfall, config);
     return;
   }
   const c10::Device device = resolve_device(config.train.device);
@@ -48,7 +65,7 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
                .cuda = device.is_cuda(),
                .bf16 = precision.bf16,
                .device_memory = static_cast<double>(memory_per_rank(device, ranks_on_node))});
-  report(plan, config);
+  const std::string shortfall = report(plan, config);
 
   // The model is built to show its parameters, where its weights alone fit this machine.
   const double model_bytes = plan.runtime + plan.weights;
@@ -75,6 +92,7 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
       tokens, config.data.micro_batch, config.data.grad_accum, seq_len);
   spdlog::info("dry run: the config is valid{}; nothing was trained",
                built ? " and the model builds" : "");
+  refuse_if_short(shortfall, config);
 }
 
 }  // namespace mltrain

@@ -42,11 +42,13 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
   return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
 }
 
-Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights) {
+Evaluation evaluate_weights(const Config& run_config, const std::filesystem::path& weights) {
   // A Hugging Face directory is checked against the config by its config.json; mltrain's
   // checkpoints by their checksums.
   const bool hf_directory = is_hf_model_directory(weights);
   const std::filesystem::path file = hf_directory ? weights : find_weights(weights);
+  Config config = run_config;
+  if (!hf_directory) config.data.tokenizer = tokenizer_for(file, run_config);
   apply_compute_settings(config.train);
   check_tokenizer(config);
   const c10::Device device = resolve_device(config.train.device);
@@ -69,11 +71,14 @@ Evaluation evaluate_weights(const Config& config, const std::filesystem::path& w
   const Evaluation evaluation =
       evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
                config.train.eval_batches, device, bf16, *single_rank);
-  spdlog::info("{}: val loss {:.4f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
+  spdlog::info("{}: val loss {:.6f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
                evaluation.perplexity, evaluation.tokens);
-  if (std::filesystem::is_directory(config.train.run_dir)) {
-    const std::filesystem::path metrics =
-        std::filesystem::path(config.train.run_dir) / "metrics.jsonl";
+  // The record goes to the run that saved the checkpoint, wherever it now is, and only there:
+  // weights of no run (a Hugging Face directory) leave every run directory as it was.
+  const std::optional<std::filesystem::path> run_dir =
+      hf_directory ? std::nullopt : run_directory_of(file);
+  if (run_dir) {
+    const std::filesystem::path metrics = *run_dir / "metrics.jsonl";
     // The evaluation is done and reported: a run directory it may not write (read-only, say) only
     // keeps it out of the record.
     try {

@@ -26,9 +26,10 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
                     Communicator& communicator);
 
 // Loads weights (a Hugging Face model directory checked against config.model, see
-// hf_checkpoint.h, or else what find_weights finds), evaluates them on the validation windows, logs
-// the loss and perplexity and records them in RUN_DIR/metrics.jsonl (when the run directory
-// exists); writes nothing else. A single-process operation.
+// hf_checkpoint.h, or else what find_weights finds), evaluates them on the validation windows and
+// logs the loss and perplexity. When the weights are a run's checkpoint, the result is recorded in
+// that run's metrics.jsonl, wherever the run directory now is; nothing else is written. A
+// single-process operation.
 Evaluation evaluate_weights(const Config& config, const std::filesystem::path& weights);
 
 }  // namespace mltrain

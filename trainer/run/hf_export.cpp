@@ -76,12 +76,14 @@ void write_export(const std::filesystem::path& directory, const Llama& model,
 
 }  // namespace
 
-void export_hf(const Config& config, const std::filesystem::path& weights,
+void export_hf(const Config& run_config, const std::filesystem::path& weights,
                const std::filesystem::path& out_dir,
                const std::function<void(const std::filesystem::path&)>& after_weights) {
   const std::filesystem::path target = without_trailing_separator(out_dir);
   refuse_existing(target);
   const std::filesystem::path file = find_weights(weights);
+  Config config = run_config;
+  config.data.tokenizer = tokenizer_for(file, run_config);
   check_checkpoint_model(file, config);
   check_tokenizer(config);
   check_weights_can_fill(config.model, "the config's model.* keys", file);

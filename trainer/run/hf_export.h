@@ -11,8 +11,9 @@ namespace mltrain {
 // checkpoint directory or a .safetensors file, verified) as the Hugging Face LlamaForCausalLM
 // directory `out_dir`, which AutoModelForCausalLM.from_pretrained loads without custom code:
 // model.safetensors (Hugging Face names, fp32; no lm_head.weight when tied), config.json and
-// generation_config.json (hf_config.h) and, when the run has a tokenizer, its Hugging Face files
-// (write_hf_tokenizer), whose bos and eos ids the configs name.
+// generation_config.json (hf_config.h) and, when the run has a tokenizer (the checkpoint's copy, or
+// else the config's data.tokenizer), its Hugging Face files (write_hf_tokenizer), whose bos and
+// eos ids the configs name.
 //
 // An existing `out_dir` other than an empty directory is a UserError before anything is written.
 // The files go into a temporary sibling directory that is renamed to `out_dir` once complete, so

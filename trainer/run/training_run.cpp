@@ -295,7 +295,8 @@ void TrainingRun::start_data() {
 // were: rank 0 writes the effective config and appends to the metrics.
 void TrainingRun::open_outputs() {
   if (!leader_) return;
-  write_file_atomically(run_dir_ / "config.yaml", config_to_yaml(config_));
+  write_file_atomically(run_dir_ / "config.yaml",
+                        config_to_yaml(with_absolute_data_paths(config_)));
   metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
 }
 
