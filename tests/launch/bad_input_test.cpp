@@ -249,12 +249,14 @@ TEST(BadInput, PlotPassesOverBadLinesAndNeedsMetrics) {
   const std::string config = testing::trained_run(dir);
   const auto metrics = dir / "run" / "metrics.jsonl";
   std::filesystem::remove(dir / "run" / "loss.png");
+  // An --eval-only's record, which has no step, is no bad line.
+  ASSERT_EQ(run("mltrain", config + " --eval-only --resume auto").exit_code, 0);
   testing::write_text(metrics, testing::read_text(metrics) + "{\"step\": \"x\", \"loss\": 1}\n" +
-                                   "not json\n" + "{\"step\": 5, \"loss\": \"high\"}\n{\"ste");
+                                   "not json\n" + "{\"event\": 5}\n" + "{\"step\": 5, \"loss\": \"high\"}\n{\"ste");
   const CommandResult plotted = run("mltrain", config + " --plot");
   EXPECT_EQ(plotted.exit_code, 0) << plotted.output;
   EXPECT_CONTAINS(plotted.output, metrics.string() +
-                                      ": passed over 3 line(s) that are not metrics "
+                                      ": passed over 4 line(s) that are not metrics "
                                       "records, the first at line");
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "loss.png"));
 

@@ -47,6 +47,9 @@ Curves read_curves(const std::filesystem::path& metrics) {
   for (std::string line; std::getline(lines, line);) {
     ++number;
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const auto event = record.is_object() ? record.find("event") : record.end();
+    // An --eval-only's record is of no step of the run: no point of either curve.
+    if (event != record.end() && *event == "eval_only") continue;
     const auto step = record.is_object() ? record.find("step") : record.end();
     if (record.is_discarded() || !record.is_object() || step == record.end() ||
         !step->is_number_integer()) {
@@ -58,7 +61,6 @@ Curves read_curves(const std::filesystem::path& metrics) {
       const auto value = record.find(key);
       return value != record.end() && value->is_number() ? value->get<double>() : NAN;
     };
-    const auto event = record.find("event");
     if (event != record.end() && *event == "start") {
       for (Points* points : {&curves.train, &curves.val})
         std::erase_if(*points, [at](const auto& point) { return point.first > at; });
