@@ -252,7 +252,8 @@ TEST(BadInput, PlotPassesOverBadLinesAndNeedsMetrics) {
   // An --eval-only's record, which has no step, is no bad line.
   ASSERT_EQ(run("mltrain", config + " --eval-only --resume auto").exit_code, 0);
   testing::write_text(metrics, testing::read_text(metrics) + "{\"step\": \"x\", \"loss\": 1}\n" +
-                                   "not json\n" + "{\"event\": 5}\n" + "{\"step\": 5, \"loss\": \"high\"}\n{\"ste");
+                                   "not json\n" + "{\"event\": 5}\n" +
+                                   "{\"step\": 5, \"loss\": \"high\"}\n{\"ste");
   const CommandResult plotted = run("mltrain", config + " --plot");
   EXPECT_EQ(plotted.exit_code, 0) << plotted.output;
   EXPECT_CONTAINS(plotted.output, metrics.string() +
