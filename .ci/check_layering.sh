@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The include arrows of DESIGN.md, checked: model/, data/ and dist/ include (of the project's
+# The include arrows of ARCHITECTURE.md, checked: model/, data/ and dist/ include (of the project's
 # folders) only common/ and themselves; trainer/ includes neither launch/, tests/ nor bench/.
 # Inside trainer/ the sub-folders point down too: config/ includes no other; machine/, optim/ and
 # report/ include only config/; checkpoint/ adds optim/; run/ may include them all.
@@ -48,7 +48,7 @@ check trainer/report trainer/machine trainer/optim trainer/checkpoint trainer/ru
 check trainer/checkpoint trainer/machine trainer/report trainer/run
 
 if ((violations > 0)); then
-  printf 'layering: %d include(s) break the arrows of DESIGN.md\n' "$violations"
+  printf 'layering: %d include(s) break the arrows of ARCHITECTURE.md\n' "$violations"
   exit 1
 fi
 echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/, and its sub-folders point down"

@@ -5,7 +5,7 @@
 
 namespace mltrain {
 
-// Exit codes shared by every executable (DESIGN.md, "Errors and exit codes").
+// Exit codes shared by every executable (ARCHITECTURE.md, "Errors and exit codes").
 inline constexpr int kExitRuntimeFailure = 1;
 inline constexpr int kExitUserError = 2;
 

@@ -98,6 +98,7 @@ print(pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / ("cu" + torch.
   ln -s "$wheel_tree/include" "$toolkit.new/include"
   ln -s "$wheel_tree/nvvm" "$toolkit.new/nvvm"
   local file name
+  shopt -s nullglob
   for file in "$wheel_tree"/bin/*; do ln -s "$file" "$toolkit.new/bin/"; done
   for file in "$wheel_tree"/lib/*; do
     ln -s "$file" "$toolkit.new/lib64/"

@@ -6,9 +6,9 @@ namespace mltrain {
 
 // The keys of the config's `model:` section, each declared once, here:
 // KEY(section, type, name, default, doc line, check). The defaults are the 0.04B MiniLLaMA of the
-// model chapter (DESIGN.md's table). ModelConfig's fields are made from this list, and the
-// trainer's config (trainer/config/config.cpp) reads, checks, writes and documents the keys from
-// it; the checks (at_least, between, one_of, or {} for none) are the config's.
+// model chapter (the README's first paragraph). ModelConfig's fields are made from this list, and
+// the trainer's config (trainer/config/config.cpp) reads, checks, writes and documents the keys
+// from it; the checks (at_least, between, one_of, or {} for none) are the config's.
 #define MLTRAIN_MODEL_KEYS(KEY, S)                                                               \
   KEY(S, int64_t, vocab_size, 4096, "tokens in the vocabulary", at_least(1))                     \
   KEY(S, int64_t, d_model, 512, "width of the residual stream", at_least(1))                     \

@@ -120,10 +120,22 @@ TEST(CheckpointCli, AMovedRunIsUsedFromAnyDirectory) {
   EXPECT_CONTAINS(damaged.output, "tokenizer.model: checksum mismatch");
 }
 
-// A Hugging Face directory, or weights outside a run, come with no config: one is asked for.
+// A Hugging Face directory, or weights outside a run, come with no config: one is asked for. A
+// run that had no tokenizer (the default path, with nothing there) is evaluated without one too.
 TEST(CheckpointCli, WithoutAConfigTheWeightsMustBeARunsCheckpoint) {
   TemporaryDirectory dir;
-  trained_run(dir);
+  const std::string config = trained_run(dir);
+  const std::string untokenized = (dir / "untokenized").string();
+  const CommandResult trained =
+      testing::run_tool_in(dir.path(), "mltrain",
+                           config +
+                               " --set data.tokenizer=data/shards/tokenizer.model "
+                               "--set train.max_steps=2 --set train.run_dir=" +
+                               untokenized);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const CommandResult evaluated = run("mltrain", "--eval-only --resume " + untokenized);
+  EXPECT_EQ(evaluated.exit_code, 0) << evaluated.output;
+
   const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
   std::filesystem::create_directories(dir / "loose");
   std::filesystem::copy_file(checkpoint / "model.safetensors", dir / "loose" / "model.safetensors");

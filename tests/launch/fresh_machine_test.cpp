@@ -27,16 +27,19 @@ TEST(FreshMachine, SetsUpBuildsAndRunsWithoutACudaToolkit) {
   // to the checkout, then serves CI's next run of this test from its first.
   const std::string build =
       (std::filesystem::path(MLTRAIN_BIN_DIR).parent_path() / "without-cuda-toolkit").string();
-  // The toolkit is where CMake looks first: beside the virtualenv's Python.
-  const std::string toolkit =
-      std::filesystem::path(MLTRAIN_PYTHON).parent_path().parent_path() / "cuda";
+  // The set-up of this build's virtualenv (MLTRAIN_HOME/venv/bin/python), whose toolkit CMake
+  // takes first.
+  const std::filesystem::path venv =
+      std::filesystem::path(MLTRAIN_PYTHON).parent_path().parent_path();
+  const std::string mltrain_home = venv.parent_path().string();
+  const std::string toolkit = (venv / "cuda").string();
 
   const CommandResult set_up = run_without_cuda_toolkit(
       // A configure from scratch each time (the cache goes, the objects stay).
-      fmt::format("bash {0}/launch/setup.sh && rm -f {1}/CMakeCache.txt && "
+      fmt::format("MLTRAIN_HOME={3} bash {0}/launch/setup.sh && rm -f {1}/CMakeCache.txt && "
                   "cmake -S {0} -B {1} -G Ninja -DMLTRAIN_WERROR=ON "
                   "-DBUILD_TESTING=OFF -DMLTRAIN_PYTHON={2} && ninja -C {1} mltrain",
-                  source, build, MLTRAIN_PYTHON));
+                  source, build, MLTRAIN_PYTHON, mltrain_home));
   ASSERT_EQ(set_up.exit_code, 0) << set_up.output;
   EXPECT_CONTAINS(set_up.output, "[setup] CUDA toolkit: " + toolkit);
   EXPECT_CONTAINS(set_up.output, "Found CUDAToolkit: " + toolkit + "/include");

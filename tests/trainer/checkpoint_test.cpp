@@ -189,7 +189,7 @@ TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
        "\"checksums_xxh3\" lists files that are not a checkpoint's"},
       {[](auto& state) { state["checksums_xxh3"]["config.yaml"] = 5; },
        "\"checksums_xxh3.config.yaml\" must be a string of lowercase hexadecimal digits"},
-      {[](auto& state) { state["format"] = 2; }, "\"format\" must be an integer from 1 to 1"},
+      {[](auto& state) { state["format"] = 3; }, "\"format\" must be an integer from 1 to 2"},
       {[](auto& state) { state = nlohmann::json::array(); }, "not a JSON object"},
   };
   for (const auto& [damage, message] : cases) {

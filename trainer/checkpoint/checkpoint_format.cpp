@@ -20,9 +20,6 @@
 namespace mltrain {
 namespace {
 
-// SentencePiece models of the largest vocabularies are a few MB.
-constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
-
 // XXH3 of a file's bytes, as 16 hex digits.
 std::string file_checksum(const std::filesystem::path& path) {
   const InputFile in(path, "checkpoint file");
@@ -57,7 +54,9 @@ CheckpointState verified_state(const std::filesystem::path& checkpoint) {
 void check_config(const std::filesystem::path& checkpoint, const Config& config) {
   const Config saved = load_config(checkpoint / "config.yaml");
   std::vector<std::string> model_changes;
-  for (const ConfigChange& change : config_changes(saved, with_absolute_data_paths(config))) {
+  // Compared as saved: a checkpoint of before the paths were saved absolute compares alike too.
+  for (const ConfigChange& change :
+       config_changes(with_absolute_data_paths(saved), with_absolute_data_paths(config))) {
     // model.init_from says where a fresh run's weights came from, not what the model is: a
     // resumed run takes the checkpoint's weights whatever it names.
     if (change.key.starts_with("model.") && change.key != "model.init_from") {
@@ -91,20 +90,15 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
 
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
                       const OptimizerState& optimizer_state, const TrainingProgress& progress,
-                      const Config& config, int64_t world_size,
+                      const Config& config, const std::string& tokenizer_model, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights) {
   save_model_weights(model, directory / "model.safetensors");
   if (after_weights) after_weights(directory);
   save_safetensors(directory / "optimizer.safetensors", optimizer_state);
   write_file_atomically(directory / "config.yaml",
                         config_to_yaml(with_absolute_data_paths(config)));
-  const std::filesystem::path tokenizer = config.data.tokenizer;
-  // A run trains without a tokenizer at the default path (shards made elsewhere).
-  const bool with_tokenizer = !tokenizer.empty() && std::filesystem::is_regular_file(tokenizer);
-  if (with_tokenizer) {
-    write_file_atomically(directory / kCheckpointTokenizer,
-                          InputFile(tokenizer, "tokenizer").read_all(kMostTokenizerBytes));
-  }
+  const bool with_tokenizer = !tokenizer_model.empty();
+  if (with_tokenizer) write_file_atomically(directory / kCheckpointTokenizer, tokenizer_model);
 
   CheckpointState state;
   state.progress = progress;
@@ -122,7 +116,7 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
 
 std::string tokenizer_for(const std::filesystem::path& weights, const Config& config) {
   // The copy is the checkpoint's when its state.json vouches for it with a checksum.
-  const std::filesystem::path checkpoint = weights.parent_path();
+  const std::filesystem::path checkpoint = std::filesystem::absolute(weights).parent_path();
   if (std::filesystem::exists(checkpoint / "state.json") &&
       read_checkpoint_state(checkpoint).checksums.contains(std::string(kCheckpointTokenizer)))
     return (checkpoint / kCheckpointTokenizer).string();

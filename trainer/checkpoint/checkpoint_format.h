@@ -24,13 +24,13 @@ std::optional<int64_t> checkpoint_step(const std::string& name);
 // versions, and an XXH3 checksum of every other file): all a reader needs, wherever it is moved.
 
 // Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk: the
-// tensors, the config with its data paths made absolute, a copy of the run's tokenizer when it has
-// one, and state.json;
+// tensors, the config with its data paths made absolute, `tokenizer_model` (the bytes of the run's
+// tokenizer, read when the run started; empty: the run has none) and state.json;
 // `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
 // or a full disk in the middle of a save).
 void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
                       const OptimizerState& optimizer_state, const TrainingProgress& progress,
-                      const Config& config, int64_t world_size,
+                      const Config& config, const std::string& tokenizer_model, int64_t world_size,
                       const std::function<void(const std::filesystem::path&)>& after_weights = {});
 
 // The tokenizer that goes with `weights`: the copy its checkpoint holds, which moves with it, or

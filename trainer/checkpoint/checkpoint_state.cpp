@@ -19,7 +19,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int kStateFormat = 1;
+// Format 2 may list the checkpoint's tokenizer among its files; format 1, which never does, is
+// read too. An older mltrain refuses format 2 by its number.
+constexpr int kOldestStateFormat = 1;
+constexpr int kStateFormat = 2;
 
 // Counts are kept to the integers that every JSON reader holds exactly; a step a millisecond for
 // 285,000 years stays below.
@@ -158,7 +161,7 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {
   if (!json.is_object())
     throw UserError(fmt::format("{}: damaged checkpoint state (not a JSON object)", path.string()));
   const StateReader reader(json, path);
-  reader.integer("format", kStateFormat, kStateFormat);
+  reader.integer("format", kOldestStateFormat, kStateFormat);
 
   CheckpointState state;
   state.progress = read_progress(reader);

@@ -64,7 +64,7 @@ void CheckpointStore::prepare_for_saving() const {
 
 std::filesystem::path CheckpointStore::save(
     const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
-    const Config& config, int64_t world_size,
+    const Config& config, const std::string& tokenizer_model, int64_t world_size,
     const std::function<void(const std::filesystem::path&)>& after_weights) const {
   std::filesystem::path final_path = path_of(progress.step);
   const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
@@ -72,8 +72,8 @@ std::filesystem::path CheckpointStore::save(
     std::filesystem::create_directories(directory_);
     remove_tree(temporary);
     std::filesystem::create_directory(temporary);
-    write_checkpoint(temporary, model, optimizer_state, progress, config, world_size,
-                     after_weights);
+    write_checkpoint(temporary, model, optimizer_state, progress, config, tokenizer_model,
+                     world_size, after_weights);
     fsync_directory(temporary);
     remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
     std::filesystem::rename(temporary, final_path);
@@ -215,7 +215,8 @@ std::filesystem::path saved_config_for(const std::filesystem::path& source,
 }
 
 std::optional<std::filesystem::path> run_directory_of(const std::filesystem::path& weights) {
-  const std::filesystem::path checkpoint = weights.parent_path();
+  const std::filesystem::path checkpoint =
+      std::filesystem::absolute(weights).lexically_normal().parent_path();
   if (!std::filesystem::exists(checkpoint / "state.json") ||
       checkpoint.parent_path().filename() != "checkpoints")
     return std::nullopt;

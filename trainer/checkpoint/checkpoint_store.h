@@ -30,7 +30,7 @@ class CheckpointStore {
   // directory, leaves every saved checkpoint as it was, and throws a runtime error.
   std::filesystem::path save(
       const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
-      const Config& config, int64_t world_size,
+      const Config& config, const std::string& tokenizer_model, int64_t world_size,
       const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
 
   // The checkpoint `latest` names, if any.

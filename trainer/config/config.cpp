@@ -395,6 +395,7 @@ std::string config_to_yaml(const Config& config) {
 }
 
 Config with_absolute_data_paths(Config config) {
+  if (!std::filesystem::exists(config.data.tokenizer)) config.data.tokenizer.clear();
   for (std::string* path :
        {&config.data.train, &config.data.val, &config.data.tokenizer, &config.init_from}) {
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();

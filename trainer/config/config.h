@@ -135,7 +135,9 @@ std::string config_to_yaml(const Config& config);
 
 // `config` with the paths it reads from (data.train, data.val, data.tokenizer, model.init_from)
 // made absolute against the working directory: the form a run saves, so that the config saved
-// with a run means the same files from any directory, and after the run directory has moved.
+// with a run means the same files from any directory, and after the run directory has moved. A
+// data.tokenizer with nothing there (the default, for shards made elsewhere) is saved empty: the
+// run has none.
 Config with_absolute_data_paths(Config config);
 
 // A key whose value differs between two configs, with both values as YAML shows them.

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "data/tokenizer.h"
 
 namespace mltrain {
@@ -35,6 +36,14 @@ void check_tokenizer(const Config& config) {
     throw UserError(fmt::format("{}: the tokenizer has {} tokens, more than model.vocab_size = {}",
                                 path, tokenizer.vocab_size(), config.model.vocab_size));
   }
+}
+
+std::string read_tokenizer_model(const Config& config) {
+  // SentencePiece models of the largest vocabularies are a few MB.
+  constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
+  const std::string& path = config.data.tokenizer;
+  if (path.empty() || !std::filesystem::exists(path)) return "";
+  return InputFile(path, "tokenizer").read_all(kMostTokenizerBytes);
 }
 
 void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows) {

@@ -18,6 +18,10 @@ TokenWindows open_windows(const std::string& pattern, const Config& config, cons
 // set to something else that is missing is a UserError.
 void check_tokenizer(const Config& config);
 
+// The bytes of the run's tokenizer file, for its checkpoints to carry; empty when the run has none
+// (data.tokenizer empty, or the default path with nothing there).
+std::string read_tokenizer_model(const Config& config);
+
 // A global batch (micro_batch x grad_accum x ranks windows) larger than the training windows is a
 // UserError: each step would read some windows more than once, and the batch may not fit memory.
 void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows);

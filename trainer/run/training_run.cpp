@@ -132,6 +132,7 @@ class TrainingRun {
   TokenWindows val_windows_;
   std::filesystem::path run_dir_;
   CheckpointStore checkpoints_;
+  std::string tokenizer_model_;  // the tokenizer file's bytes, read at the start (rank 0's)
   Llama model_{nullptr};
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -194,6 +195,9 @@ void TrainingRun::check_data() {
   check_batch_fits(layout_, train_windows_);
   tokens_per_step_ = layout_.global_batch() * config_.data.seq_len;
   check_tokenizer(config_);
+  // Read once, so that every checkpoint carries the tokenizer the run started with, whatever
+  // becomes of the file meanwhile.
+  if (leader_) tokenizer_model_ = read_tokenizer_model(config_);
 }
 
 // Needs the device, the precision and the communicator, and comes before anything large is
@@ -523,8 +527,8 @@ std::filesystem::path TrainingRun::save_checkpoint() {
   const OptimizerState optimizer_state = optimizer_->state();
   std::filesystem::path path;  // known to rank 0, the one that reports it
   if (leader_) {
-    path = checkpoints_.save(model_, optimizer_state, progress_, config_, world_.size,
-                             hooks_.during_checkpoint_write);
+    path = checkpoints_.save(model_, optimizer_state, progress_, config_, tokenizer_model_,
+                             world_.size, hooks_.during_checkpoint_write);
     spdlog::info("checkpoint: {}", path.string());
   }
   communicator_->all_reduce_sum(0.0);
