@@ -2,9 +2,14 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <nlohmann/json.hpp>
+
+#include <set>
+
 #include "common/error.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
+#include "trainer/config/config.h"
 
 namespace mltrain {
 namespace {
@@ -18,6 +23,44 @@ CommandResult mltrain(const std::string& arguments) {
 const std::string kBase = MLTRAIN_SOURCE_DIR "/configs/base.yaml";
 
 size_t lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+// train.profile_steps traces those steps: a Chrome trace that holds torch's operators and
+// mltrain's phases, and a table of the costliest operations in the log. A run without it traces
+// nothing, and a range that is no range is refused before anything runs.
+TEST(MltrainCli, ProfileStepsTraceThoseStepsWithMltrainsPhases) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.optim.warmup_steps = 1;
+  testing::write_text(dir / "run.yaml", config_to_yaml(config));
+  const std::string run_yaml = (dir / "run.yaml").string();
+
+  const CommandResult traced = mltrain(run_yaml + " --set train.profile_steps=2-3");
+  ASSERT_EQ(traced.exit_code, 0) << traced.output;
+  const auto trace = dir / "run" / "profile" / "steps_2-3.json";
+  EXPECT_CONTAINS(traced.output, "profile of steps 2 to 3: " + trace.string());
+  EXPECT_CONTAINS(traced.output, "total ms     calls  operation");
+  const nlohmann::json events = nlohmann::json::parse(testing::read_text(trace))["traceEvents"];
+  std::set<std::string> names;
+  for (const nlohmann::json& event : events) names.insert(event.value("name", ""));
+  for (const char* phase : {"mltrain::data", "mltrain::forward", "mltrain::backward",
+                            "mltrain::reduce", "mltrain::optimizer", "aten::mm"})
+    EXPECT_TRUE(names.contains(phase)) << phase;
+
+  const CommandResult plain =
+      mltrain(run_yaml + " --set train.run_dir=" + (dir / "plain").string());
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "plain" / "profile"));
+  EXPECT_EQ(plain.output.find("profile of steps"), std::string::npos);
+
+  for (const char* range : {"3", "3-2", "0-1", "2-x", "-2-3"}) {
+    const CommandResult refused =
+        mltrain(run_yaml + " --dry-run --set train.profile_steps=" + range);
+    EXPECT_EQ(refused.exit_code, kExitUserError) << range;
+    EXPECT_CONTAINS(refused.output,
+                    "train.profile_steps must be FIRST-LAST with 1 <= FIRST <= LAST");
+  }
+}
 
 TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
   const CommandResult run = mltrain(kBase + " --dry-run --set train.device=cpu");

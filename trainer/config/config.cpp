@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -358,6 +359,11 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: optim.warmup_steps ({}) exceeds train.max_steps ({})", source,
                                 config.optim.warmup_steps, config.train.max_steps));
   }
+  try {
+    profile_step_range(config.train.profile_steps);
+  } catch (const UserError& error) {
+    throw UserError(fmt::format("{}: {}", source, error.what()));
+  }
   if (config.optim.min_lr > config.optim.lr) {
     throw UserError(fmt::format("{}: optim.min_lr ({}) exceeds optim.lr ({})", source,
                                 config.optim.min_lr, config.optim.lr));
@@ -392,6 +398,24 @@ std::string config_to_yaml(const Config& config) {
   }
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+std::optional<StepRange> profile_step_range(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  StepRange range;
+  const char* const end = text.data() + text.size();
+  const auto [after_first, first_error] = std::from_chars(text.data(), end, range.first);
+  const bool dash = first_error == std::errc() && after_first != end && *after_first == '-';
+  const auto [after_last, last_error] =
+      dash ? std::from_chars(after_first + 1, end, range.last)
+           : std::from_chars_result{after_first, std::errc::invalid_argument};
+  if (!dash || last_error != std::errc() || after_last != end || range.first < 1 ||
+      range.first > range.last) {
+    throw UserError(fmt::format(
+        "train.profile_steps must be FIRST-LAST with 1 <= FIRST <= LAST (e.g. 20-22), got \"{}\"",
+        text));
+  }
+  return range;
 }
 
 Config with_absolute_data_paths(Config config) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,10 @@ namespace mltrain {
   KEY(S, bool, check_memory, true,                                                               \
       "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "    \
       "start)",                                                                                  \
+      {})                                                                                        \
+  KEY(S, std::string, profile_steps, "",                                                         \
+      "steps to trace with torch's profiler, FIRST-LAST (e.g. 20-22): a Chrome trace in "        \
+      "RUN_DIR/profile/ and a table of the costliest operations (empty: none)",                  \
       {})
 
 #define MLTRAIN_DIST_KEYS(KEY, S)                                                               \
@@ -109,6 +114,16 @@ struct TrainConfig {
 struct DistConfig {
   MLTRAIN_DIST_KEYS(MLTRAIN_CONFIG_FIELD, dist)
 };
+
+// Steps FIRST to LAST, both included.
+struct StepRange {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+// train.profile_steps as a range, none when empty. Text that is not FIRST-LAST with
+// 1 <= FIRST <= LAST is a UserError (load_config refuses it).
+std::optional<StepRange> profile_step_range(const std::string& text);
 
 // Everything a run is configured by: defaults, then a YAML file, then --set overrides.
 struct Config {

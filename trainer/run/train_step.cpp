@@ -1,6 +1,7 @@
 #include "trainer/run/train_step.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "model/autocast_region.h"
 #include "trainer/optim/clipping.h"
@@ -15,13 +16,52 @@ at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device devic
   return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
 }
 
+// The step's phases are named scopes (RECORD_USER_SCOPE) that torch's profiler shows in a trace
+// (train.profile_steps); without a profiler they cost a flag's test.
+
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
                             c10::Device device, bool bf16) {
-  const at::Tensor loss =
-      window_loss(model, window, device, bf16) / static_cast<double>(grad_accum);
+  at::Tensor loss;
+  {
+    RECORD_USER_SCOPE("mltrain::forward");
+    loss = window_loss(model, window, device, bf16) / static_cast<double>(grad_accum);
+  }
+  RECORD_USER_SCOPE("mltrain::backward");
   loss.backward();
   return loss.detach();
 }
+
+namespace {
+
+at::Tensor next_window(const StepParts& parts) {
+  RECORD_USER_SCOPE("mltrain::data");
+  return parts.loader.next().tokens.to(parts.device, /*non_blocking=*/true);
+}
+
+// The gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and the loss,
+// in double so that the ranks' sum rounds as little as a host sum would.
+ReducedGradients reduce(const StepParts& parts, const at::Tensor& loss, StepResult& result) {
+  RECORD_USER_SCOPE("mltrain::reduce");
+  ReducedGradients gradients = parts.optimizer.reduce_gradients();
+  result.loss = loss.to(at::kDouble);
+  parts.communicator.all_reduce_average(result.loss)->wait();
+  return gradients;
+}
+
+// Clip, then update at the scheduled learning rate. A non-finite loss or gradient would poison the
+// weights and the moments for good: the update is skipped, on the device. Every rank sees the same
+// averaged loss and norm, so all skip together.
+void update(const StepParts& parts, const ReducedGradients& gradients, int64_t step,
+            StepResult& result) {
+  RECORD_USER_SCOPE("mltrain::optimizer");
+  result.grad_norm = clip_by_global_norm(gradients, parts.optim.grad_clip);
+  result.lr = learning_rate(parts.optim, parts.max_steps, step);
+  const at::Tensor skip =
+      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
+  parts.optimizer.update(result.lr, skip);
+}
+
+}  // namespace
 
 StepResult train_step(const StepParts& parts, int64_t step) {
   const double waited_before = parts.loader.waited_seconds();
@@ -34,28 +74,17 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
-    const at::Tensor window = parts.loader.next().tokens.to(parts.device, /*non_blocking=*/true);
-    loss += forward_backward(parts.model, window, parts.grad_accum, parts.device, parts.bf16);
+    loss += forward_backward(parts.model, next_window(parts), parts.grad_accum, parts.device,
+                             parts.bf16);
   }
 
-  // Reduce: the gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and
-  // the loss, in double so that the ranks' sum rounds as little as a host sum would.
-  const ReducedGradients gradients = parts.optimizer.reduce_gradients();
-  result.loss = loss.to(at::kDouble);
-  parts.communicator.all_reduce_average(result.loss)->wait();
+  const ReducedGradients gradients = reduce(parts, loss, result);
   const Clock::time_point reduced = Clock::now();
   result.data_ms = (parts.loader.waited_seconds() - waited_before) * 1e3;
   result.forward_backward_ms = seconds_between(started, reduced) * 1e3 - result.data_ms;
   if (parts.hooks.after_gradients) parts.hooks.after_gradients(step, parts.rank, gradients.tensors);
 
-  // Clip, then update at the scheduled learning rate. A non-finite loss or gradient would poison
-  // the weights and the moments for good: the update is skipped, on the device. Every rank sees
-  // the same averaged loss and norm, so all skip together.
-  result.grad_norm = clip_by_global_norm(gradients, parts.optim.grad_clip);
-  result.lr = learning_rate(parts.optim, parts.max_steps, step);
-  const at::Tensor skip =
-      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
-  parts.optimizer.update(result.lr, skip);
+  update(parts, gradients, step, result);
   result.optimizer_ms = seconds_since(reduced) * 1e3;
   return result;
 }

@@ -27,6 +27,7 @@
 #include "trainer/optim/optimizer.h"
 #include "trainer/report/loss_plot.h"
 #include "trainer/report/metrics_log.h"
+#include "trainer/report/step_profiler.h"
 #include "trainer/run/evaluation.h"
 #include "trainer/run/memory_plan.h"
 #include "trainer/run/run_data.h"
@@ -108,6 +109,7 @@ class TrainingRun {
   void agree_across_ranks();
   void start_data();
   void open_outputs();
+  void open_profiler();
   void announce();
   void record_step(const StepResult& result);
   StepValues read_steps();
@@ -139,6 +141,7 @@ class TrainingRun {
   std::unique_ptr<Loader> loader_;
   std::optional<StepParts> step_parts_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<StepProfiler> profiler_;  // rank 0's
   TrainingProgress progress_;
   std::optional<RunSchedule> schedule_;  // known once the resumed step is
   int64_t tokens_per_step_ = 0;
@@ -302,6 +305,20 @@ void TrainingRun::open_outputs() {
   write_file_atomically(run_dir_ / "config.yaml",
                         config_to_yaml(with_absolute_data_paths(config_)));
   metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
+  open_profiler();
+}
+
+// Needs the schedule: a range outside the steps this run trains is said at once, not found empty
+// at the end. Rank 0 traces its own steps.
+void TrainingRun::open_profiler() {
+  const std::optional<StepRange> steps = profile_step_range(config_.train.profile_steps);
+  if (steps && (steps->first < schedule_->first_step() || steps->last > schedule_->last_step())) {
+    spdlog::warn(
+        "train.profile_steps {} is not within the steps this run trains ({} to {}): "
+        "nothing is traced",
+        config_.train.profile_steps, schedule_->first_step(), schedule_->last_step());
+  }
+  profiler_ = std::make_unique<StepProfiler>(steps, run_dir_ / "profile", device_.is_cuda());
 }
 
 // Needs the model's final weights on every rank. Every rank must train the same model on the same
@@ -379,7 +396,9 @@ void TrainingRun::run() {
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
     if (unread_.empty()) unread_since_ = Clock::now();
+    if (profiler_) profiler_->before_step(step);
     unread_.push_back(train_step(*step_parts_, step));
+    if (profiler_) profiler_->after_step(step);
     record_step(unread_.back());
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
