@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <set>
+#include <sstream>
 
 #include "common/error.h"
 #include "tests/support/test_support.h"
@@ -51,6 +52,7 @@ TEST(MltrainCli, ProfileStepsTraceThoseStepsWithMltrainsPhases) {
       mltrain(run_yaml + " --set train.run_dir=" + (dir / "plain").string());
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "plain" / "profile"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "plain" / "tensorboard"));
   EXPECT_EQ(plain.output.find("profile of steps"), std::string::npos);
 
   for (const char* range : {"3", "3-2", "0-1", "2-x", "-2-3"}) {
@@ -60,6 +62,47 @@ TEST(MltrainCli, ProfileStepsTraceThoseStepsWithMltrainsPhases) {
     EXPECT_CONTAINS(refused.output,
                     "train.profile_steps must be FIRST-LAST with 1 <= FIRST <= LAST");
   }
+}
+
+// train.tensorboard: what TensorBoard's own reader finds in RUN_DIR/tensorboard/ is what
+// metrics.jsonl says, as float32, at the same steps.
+TEST(MltrainCli, TensorBoardScalarsAreTheMetrics) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.train.log_every = 1;
+  config.train.eval_every = 2;
+  config.train.tensorboard = true;
+  config.optim.warmup_steps = 1;
+  testing::write_text(dir / "run.yaml", config_to_yaml(config));
+  const CommandResult trained = mltrain((dir / "run.yaml").string());
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const CommandResult read = testing::run_command(
+      std::string(MLTRAIN_PYTHON) + " " MLTRAIN_SOURCE_DIR "/tests/reference/tensorboard_read.py " +
+      (dir / "run" / "tensorboard").string());
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  const nlohmann::json scalars = nlohmann::json::parse(read.output);
+
+  // The metrics' value of `key` at each step that has it, as TensorBoard's float32.
+  const auto metrics = [&](const std::string& key) {
+    nlohmann::json points = nlohmann::json::array();
+    std::istringstream lines(testing::read_text(dir / "run" / "metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (record.contains(key))
+        points.push_back({record["step"], static_cast<double>(record[key].get<float>())});
+    }
+    return points;
+  };
+  EXPECT_EQ(scalars["train/loss"], metrics("loss"));
+  EXPECT_EQ(scalars["train/lr"], metrics("lr"));
+  EXPECT_EQ(scalars["train/grad_norm"], metrics("grad_norm"));
+  EXPECT_EQ(scalars["train/tokens_per_s"], metrics("tokens_per_s"));
+  EXPECT_EQ(scalars["val/loss"], metrics("val_loss"));
+  EXPECT_EQ(scalars["val/loss"].size(), 2U);
+  EXPECT_EQ(scalars["train/loss"].size(), 4U);
+  EXPECT_TRUE(scalars.contains("train/gflops_per_s"));
+  EXPECT_TRUE(scalars.contains("train/peak_memory_gb"));
 }
 
 TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {

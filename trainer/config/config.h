@@ -78,6 +78,10 @@ namespace mltrain {
       "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "    \
       "start)",                                                                                  \
       {})                                                                                        \
+  KEY(S, bool, tensorboard, false,                                                               \
+      "write the logged scalars (loss, lr, gradient norm, tokens/s, MFU or GFLOP/s, peak "       \
+      "memory, validation loss) as TensorBoard event files in RUN_DIR/tensorboard/",             \
+      {})                                                                                        \
   KEY(S, std::string, profile_steps, "",                                                         \
       "steps to trace with torch's profiler, FIRST-LAST (e.g. 20-22): a Chrome trace in "        \
       "RUN_DIR/profile/ and a table of the costliest operations (empty: none)",                  \

@@ -28,6 +28,7 @@
 #include "trainer/report/loss_plot.h"
 #include "trainer/report/metrics_log.h"
 #include "trainer/report/step_profiler.h"
+#include "trainer/report/tensorboard_log.h"
 #include "trainer/run/evaluation.h"
 #include "trainer/run/memory_plan.h"
 #include "trainer/run/run_data.h"
@@ -141,7 +142,8 @@ class TrainingRun {
   std::unique_ptr<Loader> loader_;
   std::optional<StepParts> step_parts_;
   std::unique_ptr<MetricsLog> metrics_;
-  std::unique_ptr<StepProfiler> profiler_;  // rank 0's
+  std::unique_ptr<StepProfiler> profiler_;       // rank 0's
+  std::unique_ptr<TensorBoardLog> tensorboard_;  // rank 0's, with train.tensorboard
   TrainingProgress progress_;
   std::optional<RunSchedule> schedule_;  // known once the resumed step is
   int64_t tokens_per_step_ = 0;
@@ -305,6 +307,8 @@ void TrainingRun::open_outputs() {
   write_file_atomically(run_dir_ / "config.yaml",
                         config_to_yaml(with_absolute_data_paths(config_)));
   metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
+  if (config_.train.tensorboard)
+    tensorboard_ = std::make_unique<TensorBoardLog>(run_dir_ / "tensorboard");
   open_profiler();
 }
 
@@ -520,6 +524,17 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
       record["optimizer_ms"] = result.optimizer_ms;
     }
     metrics_->write(record);
+    if (tensorboard_) {
+      tensorboard_->write(
+          step,
+          {{"train/loss", values.loss},
+           {"train/lr", result.lr},
+           {"train/grad_norm", values.grad_norm},
+           {"train/tokens_per_s", tokens_per_s},
+           peak_flops > 0 ? std::pair{std::string("train/mfu_percent"), 100 * flops / peak_flops}
+                          : std::pair{std::string("train/gflops_per_s"), flops / 1e9},
+           {"train/peak_memory_gb", peak_memory_bytes(device_) / 1e9}});
+    }
   }
 }
 
@@ -532,6 +547,9 @@ void TrainingRun::evaluate_now(int64_t step) {
   if (leader_) {
     metrics_->write(
         {{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
+    if (tensorboard_)
+      tensorboard_->write(step,
+                          {{"val/loss", evaluation.loss}, {"val/ppl", evaluation.perplexity}});
   }
 }
 
