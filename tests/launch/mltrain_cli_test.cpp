@@ -55,6 +55,18 @@ TEST(MltrainCli, ProfileStepsTraceThoseStepsWithMltrainsPhases) {
   EXPECT_FALSE(std::filesystem::exists(dir / "plain" / "tensorboard"));
   EXPECT_EQ(plain.output.find("profile of steps"), std::string::npos);
 
+  // Something else where the traces go stops the run before its first step, with the path named.
+  std::filesystem::create_directories(dir / "blocked");
+  testing::write_text(dir / "blocked" / "profile", "not a directory");
+  const CommandResult blocked = mltrain(run_yaml +
+                                        " --set train.profile_steps=2-3 --set "
+                                        "train.run_dir=" +
+                                        (dir / "blocked").string());
+  EXPECT_EQ(blocked.exit_code, kExitUserError) << blocked.output;
+  EXPECT_CONTAINS(blocked.output, (dir / "blocked" / "profile").string());
+  EXPECT_EQ(blocked.output.find("step 1"), std::string::npos) << blocked.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "blocked" / "checkpoints"));
+
   for (const char* range : {"3", "3-2", "0-1", "2-x", "-2-3"}) {
     const CommandResult refused =
         mltrain(run_yaml + " --dry-run --set train.profile_steps=" + range);
@@ -103,6 +115,15 @@ TEST(MltrainCli, TensorBoardScalarsAreTheMetrics) {
   EXPECT_EQ(scalars["train/loss"].size(), 4U);
   EXPECT_TRUE(scalars.contains("train/gflops_per_s"));
   EXPECT_TRUE(scalars.contains("train/peak_memory_gb"));
+
+  // A file where the event files go stops a run before its first step, with the path named.
+  std::filesystem::create_directories(dir / "blocked");
+  testing::write_text(dir / "blocked" / "tensorboard", "not a directory");
+  const CommandResult blocked =
+      mltrain((dir / "run.yaml").string() + " --set train.run_dir=" + (dir / "blocked").string());
+  EXPECT_EQ(blocked.exit_code, kExitUserError) << blocked.output;
+  EXPECT_CONTAINS(blocked.output, (dir / "blocked" / "tensorboard").string());
+  EXPECT_EQ(blocked.output.find("step 1"), std::string::npos) << blocked.output;
 }
 
 TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {

@@ -48,7 +48,11 @@ std::string costliest_operations(const std::vector<profiler::KinetoEvent>& event
 
 StepProfiler::StepProfiler(std::optional<StepRange> steps, std::filesystem::path directory,
                            bool cuda)
-    : steps_(steps), directory_(std::move(directory)), cuda_(cuda) {}
+    : steps_(steps), directory_(std::move(directory)), cuda_(cuda) {
+  // Made now, before any step: a file in its place stops the run here (exit 2), not after the
+  // steps it would trace.
+  if (steps_) std::filesystem::create_directories(directory_);
+}
 
 StepProfiler::~StepProfiler() {
   if (tracing_) profiler::disableProfiler();
@@ -70,10 +74,16 @@ void StepProfiler::after_step(int64_t step) {
   // The last step's kernels are in the trace only once they have run.
   if (cuda_) c10::cuda::device_synchronize();
   const std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
-  std::filesystem::create_directories(directory_);
   const std::filesystem::path trace =
       directory_ / fmt::format("steps_{}-{}.json", steps_->first, steps_->last);
-  result->save(trace.string());
+  // A trace is a diagnosis: one that cannot be written (a full disk) is said, and training goes on.
+  try {
+    result->save(trace.string());
+  } catch (const std::exception& error) {
+    spdlog::warn("the profile of steps {} to {} could not be written to {}: {}", steps_->first,
+                 steps_->last, trace.string(), error.what());
+    return;
+  }
   spdlog::info("profile of steps {} to {}: {} (chrome://tracing or ui.perfetto.dev)\n{}",
                steps_->first, steps_->last, trace.string(), costliest_operations(result->events()));
 }

@@ -12,7 +12,9 @@ namespace mltrain {
 // CUDA's kernels on a GPU), where train_step.cpp's scopes name mltrain's phases (mltrain::data,
 // forward, backward, reduce, optimizer). After the last of them it writes the trace, which
 // chrome://tracing and Perfetto open, to DIRECTORY/steps_FIRST-LAST.json, and logs the operations
-// that took the most time. Without a range it does nothing and costs nothing.
+// that took the most time. Without a range it does nothing and costs nothing. The directory is made
+// when the profiler is (a file in its place is a filesystem_error then); a trace that cannot be
+// written is a warning, not the run's end.
 class StepProfiler {
  public:
   StepProfiler(std::optional<StepRange> steps, std::filesystem::path directory, bool cuda);
