@@ -243,6 +243,20 @@ TEST(Config, ShippedConfigsLoad) {
       << "base.yaml is a global batch of about 0.5M tokens on 8 GPUs";
 }
 
+// The README resumes the smoke run from a checkpoint by name: the smoke config must save it.
+TEST(Config, TheReadmesSmokeCheckpointIsOneTheSmokeRunSaves) {
+  const std::string readme = testing::read_text(MLTRAIN_SOURCE_DIR "/README.md");
+  const std::string prefix = "--resume runs/smoke/checkpoints/step_";
+  const size_t at = readme.find(prefix);
+  ASSERT_NE(at, std::string::npos);
+  const int64_t step = std::stoll(readme.substr(at + prefix.size(), 8));
+  const Config smoke = load_config(MLTRAIN_SOURCE_DIR "/configs/smoke.yaml");
+  EXPECT_EQ(step % smoke.train.ckpt_every, 0) << step;
+  EXPECT_LT(step, smoke.train.max_steps) << "the last checkpoint is no example of resuming";
+  // The rolling window keeps it to the end of the run.
+  EXPECT_GE(smoke.train.keep_last, smoke.train.max_steps / smoke.train.ckpt_every);
+}
+
 TEST(Config, ReadmeListsEveryKeyWithItsDefault) {
   const std::string readme = testing::read_text(MLTRAIN_SOURCE_DIR "/configs/README.md");
   EXPECT_NE(readme.find(config_reference_markdown()), std::string::npos)
