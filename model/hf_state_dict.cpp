@@ -97,8 +97,12 @@ void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::st
   for (auto& [parameter, value] : copies) parameter.copy_(value);
 }
 
+void save_state_dict(const NamedTensors& state_dict, const std::filesystem::path& path) {
+  save_safetensors(path, state_dict, {{"format", "pt"}});
+}
+
 void save_model_weights(const Llama& model, const std::filesystem::path& path) {
-  save_safetensors(path, hf_state_dict(model), {{"format", "pt"}});
+  save_state_dict(hf_state_dict(model), path);
 }
 
 void load_model_weights(Llama& model, const std::filesystem::path& path) {

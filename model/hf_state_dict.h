@@ -28,6 +28,9 @@ NamedTensors hf_state_dict(const Llama& model);
 // `source` and lists every offending key.
 void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::string& source);
 
+// Writes tensors named as hf_state_dict names them as a safetensors file that transformers reads
+// (metadata format: pt).
+void save_state_dict(const NamedTensors& state_dict, const std::filesystem::path& path);
 void save_model_weights(const Llama& model, const std::filesystem::path& path);
 void load_model_weights(Llama& model, const std::filesystem::path& path);
 

@@ -2,8 +2,15 @@
 // what a crash, a full disk, a diverging run or a dead rank leave behind. Built from tests/ only:
 // the shipped mltrain has no fault switch. The environment variable MLTRAIN_FAULT holds a
 // comma-separated list of:
-//   kill-during-checkpoint   SIGKILL once a checkpoint's weights are written, before the rename
+//   kill-during-checkpoint[:MOMENT]
+//                            SIGKILL in a checkpoint save at MOMENT: weights (its weights file is
+//                            written, the rest not; the default), files (every file is written,
+//                            not yet renamed) or renamed (renamed, `latest` not yet updated)
 //   fail-checkpoint-write    a checkpoint write fails as on a full disk
+//   checkpoint-write-waits-for-training
+//                            once the weights of the run's first checkpoint are written, its
+//                            write waits until the run has logged 2 steps more, and fails after a
+//                            minute without them
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
 //   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
@@ -16,15 +23,19 @@
 
 #include <cstdio>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "launch/mltrain_command.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 
 namespace {
 
@@ -43,21 +54,64 @@ std::pair<int64_t, int64_t> step_range(const std::string& range) {
   return {first, dash == std::string::npos ? first : std::stoll(range.substr(dash + 1))};
 }
 
+// The SaveMoment of kill-during-checkpoint's ":weights", ":files" or ":renamed" ("": weights).
+mltrain::SaveMoment save_moment(const std::string& suffix) {
+  if (suffix.empty() || suffix == ":weights") return mltrain::SaveMoment::weights_written;
+  if (suffix == ":files") return mltrain::SaveMoment::files_written;
+  if (suffix == ":renamed") return mltrain::SaveMoment::renamed;
+  throw std::invalid_argument("unknown moment of kill-during-checkpoint" + suffix);
+}
+
+// The last step in a run directory's metrics.jsonl (its "step" keys; 0: none yet).
+int64_t last_metrics_step(const std::filesystem::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  int64_t step = 0;
+  for (std::string line; std::getline(in, line);) {
+    const size_t key = line.find("\"step\":");
+    if (key != std::string::npos) step = std::max<int64_t>(step, std::stoll(line.substr(key + 7)));
+  }
+  return step;
+}
+
+// checkpoint-write-waits-for-training: shows that training goes on during a background write,
+// which a write that stopped training would wait for in vain.
+void wait_for_training(mltrain::SaveMoment moment, const std::filesystem::path& directory) {
+  static bool waited = false;  // the saves of a run come one after another
+  if (moment != mltrain::SaveMoment::weights_written || std::exchange(waited, true)) return;
+  const std::filesystem::path run_dir = directory.parent_path().parent_path();
+  const int64_t saved = *mltrain::checkpoint_step(directory.stem().string());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (last_metrics_step(run_dir) < saved + 2) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("training did not go on while the checkpoint was written");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   mltrain::TrainingHooks hooks;
   std::vector<std::function<void(int64_t, int, const std::vector<at::Tensor>&)>> after_gradients;
+  const std::string kill_during_checkpoint = "kill-during-checkpoint";
   const std::string nonfinite = "nonfinite-gradients:";
   const std::string forbid_sync = "forbid-host-sync:";
   const std::string kill_rank = "kill-rank:";
   const std::string hang_rank = "hang-rank:";
   for (const std::string& fault : faults) {
-    if (fault == "kill-during-checkpoint") {
-      hooks.during_checkpoint_write = [](const std::filesystem::path&) { std::raise(SIGKILL); };
+    if (fault.starts_with(kill_during_checkpoint)) {
+      const mltrain::SaveMoment chosen = save_moment(fault.substr(kill_during_checkpoint.size()));
+      hooks.during_checkpoint_write = [chosen](mltrain::SaveMoment moment,
+                                               const std::filesystem::path&) {
+        if (moment == chosen) std::raise(SIGKILL);
+      };
     } else if (fault == "fail-checkpoint-write") {
-      hooks.during_checkpoint_write = [](const std::filesystem::path& directory) {
+      hooks.during_checkpoint_write = [](mltrain::SaveMoment moment,
+                                         const std::filesystem::path& directory) {
+        if (moment != mltrain::SaveMoment::weights_written) return;
         throw std::runtime_error(fmt::format("cannot write {}: No space left on device (injected)",
                                              (directory / "optimizer.safetensors").string()));
       };
+    } else if (fault == "checkpoint-write-waits-for-training") {
+      hooks.during_checkpoint_write = wait_for_training;
     } else if (fault.starts_with(nonfinite)) {
       const auto [first, last] = step_range(fault.substr(nonfinite.size()));
       after_gradients.emplace_back(

@@ -73,6 +73,14 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(sharded.optimizer, 8 * eighth);
   EXPECT_EQ(sharded.gradients, 4 * p + 4 * eighth);  // the buckets, and this rank's averaged part
   EXPECT_EQ(sharded.total() - plain.total(), 8 * eighth + 4 * eighth - 8 * p);
+
+  // Asynchronous checkpoints keep rank 0's copy of the fp32 weights and both moments on the host.
+  config.train.async_checkpoint = true;
+  const MemoryPlan async =
+      plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
+  EXPECT_EQ(async.checkpoint_host, 12 * p);
+  EXPECT_EQ(async.total(), sharded.total());
+  EXPECT_CONTAINS(describe(async), "write in the background");
 }
 
 // On both of the CPU's paths, mltrain's kernels with the chunked loss and the ATen compositions

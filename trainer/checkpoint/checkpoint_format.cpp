@@ -88,23 +88,43 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
   return std::stoll(std::string(digits));
 }
 
-void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
-                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
-                      const Config& config, const std::string& tokenizer_model, int64_t world_size,
-                      const std::function<void(const std::filesystem::path&)>& after_weights) {
-  save_model_weights(model, directory / "model.safetensors");
-  if (after_weights) after_weights(directory);
-  save_safetensors(directory / "optimizer.safetensors", optimizer_state);
-  write_file_atomically(directory / "config.yaml",
-                        config_to_yaml(with_absolute_data_paths(config)));
-  const bool with_tokenizer = !tokenizer_model.empty();
-  if (with_tokenizer) write_file_atomically(directory / kCheckpointTokenizer, tokenizer_model);
-
-  CheckpointState state;
-  state.progress = progress;
-  state.world_size = world_size;
+CheckpointContents checkpoint_contents(const Llama& model, OptimizerState optimizer_state,
+                                       const TrainingProgress& progress, const Config& config,
+                                       std::string tokenizer_model, int64_t world_size,
+                                       bool host_copy) {
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  state.cpu_rng.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+  CheckpointContents contents{
+      .weights = hf_state_dict(model),
+      .optimizer_state = std::move(optimizer_state),
+      .progress = progress,
+      .config = config,
+      .tokenizer_model = std::move(tokenizer_model),
+      .world_size = world_size,
+      .cpu_rng = {rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel()}};
+  if (host_copy) {
+    for (NamedTensors* tensors : {&contents.weights, &contents.optimizer_state}) {
+      for (auto& [name, tensor] : *tensors)
+        tensor = tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+  return contents;
+}
+
+void write_checkpoint(const std::filesystem::path& directory, const CheckpointContents& contents,
+                      const SaveObserver& observe) {
+  save_state_dict(contents.weights, directory / "model.safetensors");
+  if (observe) observe(SaveMoment::weights_written, directory);
+  save_safetensors(directory / "optimizer.safetensors", contents.optimizer_state);
+  write_file_atomically(directory / "config.yaml",
+                        config_to_yaml(with_absolute_data_paths(contents.config)));
+  const bool with_tokenizer = !contents.tokenizer_model.empty();
+  if (with_tokenizer)
+    write_file_atomically(directory / kCheckpointTokenizer, contents.tokenizer_model);
+
+  CheckpointState state{.progress = contents.progress,
+                        .world_size = contents.world_size,
+                        .cpu_rng = contents.cpu_rng,
+                        .checksums = {}};
   for (const std::string& name : checkpoint_files())
     state.checksums[name] = file_checksum(directory / name);
   if (with_tokenizer) {
@@ -112,6 +132,7 @@ void write_checkpoint(const std::filesystem::path& directory, const Llama& model
     state.checksums[name] = file_checksum(directory / name);
   }
   write_file_atomically(directory / "state.json", checkpoint_state_json(state));
+  if (observe) observe(SaveMoment::files_written, directory);
 }
 
 std::string tokenizer_for(const std::filesystem::path& weights, const Config& config) {

@@ -5,9 +5,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/llama.h"
+#include "model/safetensors.h"
 #include "trainer/checkpoint/checkpoint_state.h"
+#include "trainer/checkpoint/save_moment.h"
 #include "trainer/config/config.h"
 #include "trainer/optim/optimizer.h"
 
@@ -23,15 +26,33 @@ std::optional<int64_t> checkpoint_step(const std::string& name);
 // tokenizer.model (the run's, when it has one) and state.json (progress, RNG state, world size,
 // versions, and an XXH3 checksum of every other file): all a reader needs, wherever it is moved.
 
+// Everything a checkpoint holds, taken at one step. With its tensors copied to host memory it no
+// longer depends on the run: training goes on while it is written (train.async_checkpoint).
+struct CheckpointContents {
+  NamedTensors weights;  // hf_state_dict's names
+  OptimizerState optimizer_state;
+  TrainingProgress progress;
+  Config config;
+  std::string
+      tokenizer_model;  // the bytes of the run's tokenizer, read when it started; empty: none
+  int64_t world_size = 1;
+  std::vector<uint8_t> cpu_rng;  // the CPU generator's state at the step
+};
+
+// The contents of a checkpoint of the run as it stands. `host_copy`: every tensor is copied to
+// host memory, so that the updates of the steps that follow do not reach it; else they are the
+// model's and the optimizer's own.
+CheckpointContents checkpoint_contents(const Llama& model, OptimizerState optimizer_state,
+                                       const TrainingProgress& progress, const Config& config,
+                                       std::string tokenizer_model, int64_t world_size,
+                                       bool host_copy);
+
 // Writes the files of a checkpoint into the existing, empty `directory`, each flushed to disk: the
-// tensors, the config with its data paths made absolute, `tokenizer_model` (the bytes of the run's
-// tokenizer, read when the run started; empty: the run has none) and state.json;
-// `after_weights`, when set, runs once model.safetensors is complete (the tests' seam for a crash
-// or a full disk in the middle of a save).
-void write_checkpoint(const std::filesystem::path& directory, const Llama& model,
-                      const OptimizerState& optimizer_state, const TrainingProgress& progress,
-                      const Config& config, const std::string& tokenizer_model, int64_t world_size,
-                      const std::function<void(const std::filesystem::path&)>& after_weights = {});
+// tensors, the config with its data paths made absolute, the tokenizer (when the run has one) and
+// state.json; `observe`, when set, is called once model.safetensors is complete and again once
+// every file is (the tests' seam for a crash or a full disk in the middle of a save).
+void write_checkpoint(const std::filesystem::path& directory, const CheckpointContents& contents,
+                      const SaveObserver& observe = {});
 
 // The tokenizer that goes with `weights`: the copy its checkpoint holds, which moves with it, or
 // else (weights outside a checkpoint, or a checkpoint of a run without a tokenizer) `config`'s

@@ -62,32 +62,31 @@ void CheckpointStore::prepare_for_saving() const {
   }
 }
 
-std::filesystem::path CheckpointStore::save(
-    const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
-    const Config& config, const std::string& tokenizer_model, int64_t world_size,
-    const std::function<void(const std::filesystem::path&)>& after_weights) const {
-  std::filesystem::path final_path = path_of(progress.step);
-  const std::filesystem::path temporary = directory_ / (checkpoint_name(progress.step) + ".tmp");
+std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
+                                            const SaveObserver& observe) const {
+  const int64_t step = contents.progress.step;
+  std::filesystem::path final_path = path_of(step);
+  const std::filesystem::path temporary = directory_ / (checkpoint_name(step) + ".tmp");
   try {
     std::filesystem::create_directories(directory_);
     remove_tree(temporary);
     std::filesystem::create_directory(temporary);
-    write_checkpoint(temporary, model, optimizer_state, progress, config, tokenizer_model,
-                     world_size, after_weights);
+    write_checkpoint(temporary, contents, observe);
     fsync_directory(temporary);
     remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
     std::filesystem::rename(temporary, final_path);
     fsync_directory(directory_);
-    write_file_atomically(directory_ / "latest", checkpoint_name(progress.step) + "\n");
+    if (observe) observe(SaveMoment::renamed, final_path);
+    write_file_atomically(directory_ / "latest", checkpoint_name(step) + "\n");
   } catch (const std::exception& error) {
     std::error_code ignored;
     remove_tree(temporary, ignored);
     throw std::runtime_error(
         fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
                     "checkpoints are kept",
-                    progress.step, error.what()));
+                    step, error.what()));
   }
-  prune(progress.step, config.train.keep_last, config.train.keep_every);
+  prune(step, contents.config.train.keep_last, contents.config.train.keep_every);
   return final_path;
 }
 

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,14 +23,13 @@ class CheckpointStore {
   // directories of saves that a crash interrupted.
   void prepare_for_saving() const;
 
-  // Saves, points `latest` at the new checkpoint, then keeps the newest keep_last checkpoints up
-  // to it plus every multiple of keep_every (0: none); checkpoints of later steps, left by a run
-  // that was resumed from an earlier one, are not touched. A failed write removes its temporary
-  // directory, leaves every saved checkpoint as it was, and throws a runtime error.
-  std::filesystem::path save(
-      const Llama& model, const OptimizerState& optimizer_state, const TrainingProgress& progress,
-      const Config& config, const std::string& tokenizer_model, int64_t world_size,
-      const std::function<void(const std::filesystem::path&)>& after_weights = {}) const;
+  // Saves `contents`, points `latest` at the new checkpoint, then keeps the newest keep_last
+  // checkpoints up to it plus every multiple of keep_every (0: none); checkpoints of later steps,
+  // left by a run that was resumed from an earlier one, are not touched. A failed write removes its
+  // temporary directory, leaves every saved checkpoint as it was, and throws a runtime error.
+  // `observe` is called at each SaveMoment.
+  std::filesystem::path save(const CheckpointContents& contents,
+                             const SaveObserver& observe = {}) const;
 
   // The checkpoint `latest` names, if any.
   std::optional<std::filesystem::path> latest() const;

@@ -63,6 +63,10 @@ namespace mltrain {
   KEY(S, int64_t, keep_last, 3, "checkpoints kept on a rolling basis", at_least(1))              \
   KEY(S, int64_t, keep_every, 0,                                                                 \
       "checkpoints at multiples of this step are kept for good (0: none)", at_least(0))          \
+  KEY(S, bool, async_checkpoint, false,                                                          \
+      "copy a checkpoint's state to host memory and write it on a background thread while "      \
+      "training goes on (rank 0 holds the copy: the weights and the whole optimizer state)",     \
+      {})                                                                                        \
   KEY(S, int64_t, stop_at, 0,                                                                    \
       "stop with a checkpoint once this many steps are done, to resume later (0: run to "        \
       "max_steps)",                                                                              \

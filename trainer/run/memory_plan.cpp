@@ -162,8 +162,14 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
       plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
 
   plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
-  // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded.
+  // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded;
+  // with train.async_checkpoint, rank 0's copy of the weights and of that state, held from the
+  // first checkpoint on.
   plan.checkpoint_host = plan.optimizer_unsharded;
+  if (config.train.async_checkpoint) {
+    plan.async_checkpoint = true;
+    plan.checkpoint_host += 4 * values;
+  }
   return plan;
 }
 
@@ -196,9 +202,12 @@ std::string describe(const MemoryPlan& plan) {
     line("total", plan.total(), "(the device's memory is not known)");
   }
   line("checkpoint save/resume (host)", plan.checkpoint_host,
-       plan.sharded ? "not in the total: rank 0 gathers the state to save it, every rank reads it "
-                      "to resume"
-                    : "not in the total: every rank reads the whole state to resume");
+       plan.async_checkpoint
+           ? "not in the total: rank 0 keeps a copy of the weights and the whole state to write "
+             "in the background, every rank reads the whole state to resume"
+       : plan.sharded ? "not in the total: rank 0 gathers the state to save it, every rank reads "
+                        "it to resume"
+                      : "not in the total: every rank reads the whole state to resume");
   text.pop_back();  // the caller ends the last line
   return text;
 }

@@ -41,8 +41,10 @@ struct MemoryPlan {
   double activations_kept_all = 0;      // without activation checkpointing
   double activations_checkpointed = 0;  // with it
   double working = 0;                   // working_bytes
-  // Host memory that saving and resuming a checkpoint take for a moment, outside the total.
+  // Host memory that saving and resuming a checkpoint take, outside the total: for a moment, or
+  // with async_checkpoint for as long as the run trains.
   double checkpoint_host = 0;
+  bool async_checkpoint = false;  // train.async_checkpoint
 
   double total() const { return runtime + weights + gradients + optimizer + activations + working; }
   bool fits() const { return !target.device_memory || total() <= *target.device_memory; }

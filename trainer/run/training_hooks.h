@@ -3,9 +3,10 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <vector>
+
+#include "trainer/checkpoint/save_moment.h"
 
 namespace mltrain {
 
@@ -18,9 +19,10 @@ struct TrainingHooks {
   // parts of them.
   std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& gradients)>
       after_gradients;
-  // While a checkpoint is written into `directory`, once its weights file is complete and before
-  // the rest: a hook that throws fails the save, one that kills the process leaves it half-written.
-  std::function<void(const std::filesystem::path& directory)> during_checkpoint_write;
+  // At each moment of a checkpoint save (save_moment.h), on the thread that writes it: a hook that
+  // throws fails the save, one that kills the process leaves the run directory as that moment has
+  // it.
+  SaveObserver during_checkpoint_write;
 };
 
 }  // namespace mltrain

@@ -21,6 +21,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint/checkpoint_store.h"
+#include "trainer/checkpoint/checkpoint_writer.h"
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
 #include "trainer/machine/precision.h"
@@ -117,7 +118,8 @@ class TrainingRun {
   void count_skipped_step(int64_t step, const StepValues& values);
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
-  std::filesystem::path save_checkpoint();
+  std::optional<std::filesystem::path> save_checkpoint();
+  void settle_checkpoint_write();
   bool any_rank_asked_to_stop();
   void settle_stop_vote();
 
@@ -135,7 +137,8 @@ class TrainingRun {
   TokenWindows val_windows_;
   std::filesystem::path run_dir_;
   CheckpointStore checkpoints_;
-  std::string tokenizer_model_;  // the tokenizer file's bytes, read at the start (rank 0's)
+  CheckpointWriter checkpoint_writer_;  // rank 0's saves; waits for a background write on exit
+  std::string tokenizer_model_;         // the tokenizer file's bytes, read at the start (rank 0's)
   Llama model_{nullptr};
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -181,7 +184,9 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
-      checkpoints_(run_dir_) {
+      checkpoints_(run_dir_),
+      checkpoint_writer_(checkpoints_, config.train.async_checkpoint,
+                         hooks.during_checkpoint_write) {
   // The build steps, in the order their needs give. Each says what it needs.
   check_data();
   check_memory_plan();
@@ -404,6 +409,7 @@ void TrainingRun::run() {
     unread_.push_back(train_step(*step_parts_, step));
     if (profiler_) profiler_->after_step(step);
     record_step(unread_.back());
+    if (leader_) checkpoint_writer_.check();
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
       const StepResult result = unread_.back();
@@ -412,15 +418,17 @@ void TrainingRun::run() {
     }
     if (schedule_->evaluate_now(step)) evaluate_now(step);
     if (stopping) {
-      const auto path = save_checkpoint();
+      std::optional<std::filesystem::path> path = save_checkpoint();
+      if (!path) path = checkpoint_writer_.wait();
       settle_stop_vote();
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
                    stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
-                   step, path.string());
+                   step, path.value_or("").string());
       return;
     }
     if (schedule_->checkpoint_now(step)) save_checkpoint();
   }
+  checkpoint_writer_.wait();
   settle_stop_vote();
   if (schedule_->stops_early()) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
@@ -486,6 +494,7 @@ void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
                      {"loss", values.loss},
                      {"grad_norm", values.grad_norm}});
   if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
+  settle_checkpoint_write();
   const auto latest = checkpoints_.latest();
   throw std::runtime_error(fmt::format(
       "{} non-finite steps in a row: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
@@ -553,23 +562,40 @@ void TrainingRun::evaluate_now(int64_t step) {
   }
 }
 
-// Rank 0 writes; the others wait for it, so that no rank runs ahead of a checkpoint. First the
-// ranks check that they still hold the same weights, as data parallelism promises.
-std::filesystem::path TrainingRun::save_checkpoint() {
+// Rank 0 writes, here or in the background; the others wait until it has the state, so that no
+// rank runs ahead of a checkpoint. First the ranks check that they still hold the same weights,
+// as data parallelism promises. Returns the checkpoint once it is written here (rank 0's).
+std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
+  const Clock::time_point start = Clock::now();
   if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
   // Every rank takes part in gathering a sharded state; rank 0 gets it.
-  const OptimizerState optimizer_state = optimizer_->state();
-  std::filesystem::path path;  // known to rank 0, the one that reports it
+  OptimizerState optimizer_state = optimizer_->state();
+  std::optional<std::filesystem::path> path;
   if (leader_) {
-    path = checkpoints_.save(model_, optimizer_state, progress_, config_, tokenizer_model_,
-                             world_.size, hooks_.during_checkpoint_write);
-    spdlog::info("checkpoint: {}", path.string());
+    path = checkpoint_writer_.save(
+        checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
+                            tokenizer_model_, world_.size, checkpoint_writer_.in_background()));
   }
   communicator_->all_reduce_sum(0.0);
+  // How long training stopped for the checkpoint: bench/checkpoint_pause.sh reads it.
+  if (leader_)
+    metrics_->write(
+        {{"step", progress_.step}, {"checkpoint_pause_ms", 1e3 * seconds_since(start)}});
   return path;
+}
+
+// Before the run reports its newest checkpoint: a background write of it ends first. Its failure
+// is logged, and the checkpoint before stays the newest.
+void TrainingRun::settle_checkpoint_write() {
+  if (!leader_) return;
+  try {
+    checkpoint_writer_.wait();
+  } catch (const std::exception& error) {
+    spdlog::error("{}", error.what());
+  }
 }
 
 // A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks

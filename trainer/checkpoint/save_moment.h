@@ -1,0 +1,19 @@
+#pragma once
+
+#include <filesystem>
+#include <functional>
+
+namespace mltrain {
+
+// The moments of a checkpoint save at which the tests make it fail or the process die
+// (TrainingHooks): each is a different state of the run directory for a crash to leave behind.
+enum class SaveMoment {
+  weights_written,  // model.safetensors is complete in step_X.tmp/, the other files are not
+  files_written,    // every file is complete in step_X.tmp/
+  renamed,          // step_X/ has its final name, and `latest` still names the checkpoint before
+};
+
+// Called at each SaveMoment with the checkpoint's directory as it is named at that moment.
+using SaveObserver = std::function<void(SaveMoment, const std::filesystem::path& directory)>;
+
+}  // namespace mltrain
