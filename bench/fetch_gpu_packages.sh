@@ -21,7 +21,7 @@ multiarch=usr/lib/x86_64-linux-gnu
 packages=(
   # headers, CMake package configs, pkg-config files and the .so links the build links against
   libopenmpi-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libsentencepiece-dev libxxhash-dev
+  libgtest-dev libsentencepiece-dev libxxhash-dev libgloo-dev
   # zlib's and libzstd's headers and static archives (data/CMakeLists.txt links the archives)
   zlib1g-dev libzstd-dev
   # pkg-config, which CMake needs to find SentencePiece

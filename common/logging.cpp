@@ -8,6 +8,7 @@
 namespace mltrain {
 
 void setup_logging(int rank) {
+  spdlog::drop("mltrain");  // a second call, once the rank is known, replaces the first's
   auto logger = spdlog::stderr_color_mt("mltrain");
   if (rank == 0) {
     logger->set_pattern("[%H:%M:%S] %^%v%$");

@@ -8,8 +8,10 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "dist/gloo_communicator.h"
 #include "dist/mpi_polling.h"
 #include "dist/nccl_communicator.h"
+#include "dist/rendezvous_store.h"
 
 namespace mltrain {
 namespace {
@@ -218,7 +220,8 @@ bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& com
 }
 
 std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device,
-                                                const std::string& backend, double timeout_s) {
+                                                const std::string& backend, double timeout_s,
+                                                const std::string& rendezvous) {
   if (world.size > 1 && backend == "nccl" && !device.is_cuda()) {
     throw UserError(
         "dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
@@ -226,11 +229,22 @@ std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device 
   if (world.size > 1 && backend == "mpi" && device.is_cuda()) {
     throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");
   }
+  if (world.size > 1 && backend == "mpi" && !world.uses_mpi) {
+    throw UserError(fmt::format(
+        "dist.backend mpi needs an MPI launcher (mpirun, srun --mpi), and this run was started by "
+        "{}: CPU ranks started so use Gloo (dist.backend auto)",
+        launcher_name(world.launcher)));
+  }
   // Under an MPI launcher even one rank talks through the real backend: `mpirun -n 1` is how the
   // NCCL path is smoke-tested on a single GPU.
-  if (!world.uses_mpi) return std::make_unique<SingleRankCommunicator>();
-  if (device.is_cuda()) return make_nccl_communicator(world, timeout_s);
-  return std::make_unique<MpiCommunicator>(world, timeout_s);
+  if (!world.uses_mpi && world.size == 1) return std::make_unique<SingleRankCommunicator>();
+  // The ranks' CPU communicator: the CPU run's, and the host values' of a CUDA run.
+  std::unique_ptr<Communicator> host =
+      world.uses_mpi ? std::make_unique<MpiCommunicator>(world, timeout_s)
+                     : make_gloo_communicator(
+                           world, connect_rendezvous(world, rendezvous, timeout_s), timeout_s);
+  if (device.is_cuda()) return make_nccl_communicator(world, timeout_s, std::move(host));
+  return host;
 }
 
 }  // namespace mltrain

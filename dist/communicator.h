@@ -76,12 +76,14 @@ void check_scatter_shapes(const at::Tensor& input, const at::Tensor& output, int
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
 
 // The communicator for `world` whose tensors live on `device`, for dist.backend `backend` (auto,
-// nccl or mpi): the identity for a process not started by an MPI launcher, else NCCL for CUDA
-// tensors and MPI for CPU tensors, collectives that do not finish within timeout_s ending the run.
-// A backend that cannot carry the device's tensors (nccl on the CPU, mpi on CUDA) is a UserError,
-// not a silent fallback.
+// nccl or mpi): the identity for a world of one not started by an MPI launcher, else NCCL for CUDA
+// tensors, and for CPU tensors MPI under an MPI launcher or Gloo under the others (set up at the
+// dist.rendezvous `rendezvous`, rendezvous_store.h); collectives that do not finish within
+// timeout_s end the run. A backend that cannot carry the device's tensors (nccl on the CPU, mpi on
+// CUDA) or that the launcher cannot start (mpi without MPI) is a UserError, not a silent fallback.
 std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device = c10::kCPU,
                                                 const std::string& backend = "auto",
-                                                double timeout_s = 600.0);
+                                                double timeout_s = 600.0,
+                                                const std::string& rendezvous = "tcp");
 
 }  // namespace mltrain

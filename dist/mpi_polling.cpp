@@ -77,11 +77,4 @@ std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s) {
   return std::make_unique<MpiHostSum>(value, timeout_s);
 }
 
-void broadcast_bytes(void* data, int bytes, int root, double timeout_s,
-                     const std::string& operation) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibcast(data, bytes, MPI_BYTE, root, MPI_COMM_WORLD, &request), operation);
-  wait_for(request, timeout_s, operation);
-}
-
 }  // namespace mltrain

@@ -22,8 +22,4 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& operati
 // Starts the sum over the ranks of a host value; its wait() polls with the same deadline.
 std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s);
 
-// Copies root's `bytes` bytes at `data` to every rank, within timeout_s.
-void broadcast_bytes(void* data, int bytes, int root, double timeout_s,
-                     const std::string& operation);
-
 }  // namespace mltrain

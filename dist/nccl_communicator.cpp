@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "common/error.h"
-#include "dist/mpi_polling.h"
 #include "dist/watchdog.h"
 
 namespace mltrain {
@@ -48,7 +47,7 @@ ncclDataType_t nccl_type(const at::Tensor& tensor) {
 // the watchdog's polls and abort.
 class NcclComm {
  public:
-  NcclComm(const World& world, double timeout_s) : timeout_s_(timeout_s) {
+  NcclComm(const World& world, double timeout_s, Communicator& host) : timeout_s_(timeout_s) {
     ncclUniqueId id;
     if (world.rank == 0) {
       const ncclResult_t made = ncclGetUniqueId(&id);
@@ -56,7 +55,7 @@ class NcclComm {
         throw std::runtime_error(
             fmt::format("ncclGetUniqueId failed: {}", ncclGetErrorString(made)));
     }
-    broadcast_bytes(&id, sizeof(id), 0, timeout_s, "the broadcast of the NCCL unique id");
+    host.broadcast(at::from_blob(&id, {static_cast<int64_t>(sizeof(id))}, at::kByte), 0);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     const std::lock_guard lock(mutex_);
@@ -176,11 +175,11 @@ class NcclWork : public CollectiveWork {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const World& world, double timeout_s)
+  NcclCommunicator(const World& world, double timeout_s, std::unique_ptr<Communicator> host)
       : world_(world),
-        timeout_s_(timeout_s),
+        host_(std::move(host)),
         guard_(static_cast<c10::DeviceIndex>(world.local_rank)),
-        comm_(world, timeout_s),
+        comm_(world, timeout_s, *host_),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
                                              static_cast<c10::DeviceIndex>(world.local_rank))),
         watchdog_(
@@ -239,7 +238,7 @@ class NcclCommunicator : public Communicator {
   }
 
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
-    return start_host_sum(value, timeout_s_);
+    return host_->start_all_reduce_sum(value);
   }
 
  private:
@@ -289,8 +288,8 @@ class NcclCommunicator : public Communicator {
   }
 
   World world_;
-  double timeout_s_;
-  c10::cuda::CUDAGuard guard_;  // this rank's GPU is the current device while training
+  std::unique_ptr<Communicator> host_;  // the ranks' CPU communicator, for host values
+  c10::cuda::CUDAGuard guard_;          // this rank's GPU is the current device while training
   NcclComm comm_;
   c10::cuda::CUDAStream stream_;
   Watchdog watchdog_;  // after comm_, so that it stops before comm_ finalizes
@@ -298,8 +297,9 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(const World& world, double timeout_s) {
-  return std::make_unique<NcclCommunicator>(world, timeout_s);
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world, double timeout_s,
+                                                     std::unique_ptr<Communicator> host) {
+  return std::make_unique<NcclCommunicator>(world, timeout_s, std::move(host));
 }
 
 }  // namespace mltrain

@@ -9,21 +9,18 @@
 #include <thread>
 
 namespace mltrain {
-namespace {
-
-// Open MPI, MPICH/Hydra and PMIx launchers each set one of these in every process they start.
-bool launched_by_mpi() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(variable) != nullptr) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 World init_world(int* argc, char*** argv) {
-  World world;
-  if (!launched_by_mpi()) return world;
+  const LaunchEnvironment launch = read_launch_environment(process_environment);
+  World world{.rank = launch.rank,
+              .size = launch.size,
+              .local_rank = launch.local_rank,
+              .local_size = launch.local_size,
+              .uses_mpi = launch.launcher == Launcher::mpi,
+              .launcher = launch.launcher,
+              .rendezvous_host = launch.rendezvous_host,
+              .rendezvous_port = launch.rendezvous_port};
+  if (!world.uses_mpi) return world;
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -33,7 +30,6 @@ World init_world(int* argc, char*** argv) {
   }
   // Errors come back as codes that mltrain turns into messages, rather than aborting silently.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  world.uses_mpi = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world.size);
   MPI_Comm node;

@@ -35,7 +35,15 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
   // A log read through a pipe (`mltrain ... | tee log`) must not end the run when its reader goes:
   // Ctrl-C takes tee down first, and the run still has a checkpoint to save.
   std::signal(SIGPIPE, SIG_IGN);
-  const World world = init_world(&argc, &argv);
+  // The launcher's variables are the user's to fix: a missing one is exit 2, from every rank.
+  setup_logging(0);
+  World world;
+  if (const int code = guarded_main([&] {
+        world = init_world(&argc, &argv);
+        return 0;
+      });
+      code != 0)
+    return code;
   setup_logging(world.rank);
   const int code = guarded_main([&] {
     const CommandLine command_line = parse_command_line(argc, argv);

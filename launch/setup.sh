@@ -18,6 +18,8 @@ debian_packages=(
   # libraries
   libopenmpi-dev openmpi-bin libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libsentencepiece-dev sentencepiece nlohmann-json3-dev libxxhash-dev libcli11-dev
+  # Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (the torch wheel has its code)
+  libgloo-dev
   # mlprep's compressed inputs, and the command-line tools its tests compress with
   zlib1g-dev libzstd-dev gzip zstd
   # the Python that hosts the torch wheel

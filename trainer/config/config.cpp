@@ -364,6 +364,12 @@ void check_consistency(const Config& config, const std::string& source) {
   } catch (const UserError& error) {
     throw UserError(fmt::format("{}: {}", source, error.what()));
   }
+  if (const std::string& rendezvous = config.dist.rendezvous;
+      rendezvous != "tcp" && (!rendezvous.starts_with("file:") || rendezvous.size() == 5)) {
+    throw UserError(fmt::format(
+        "{}: dist.rendezvous must be tcp or file:PATH (a file every rank can reach), got \"{}\"",
+        source, rendezvous));
+  }
   if (config.optim.min_lr > config.optim.lr) {
     throw UserError(fmt::format("{}: optim.min_lr ({}) exceeds optim.lr ({})", source,
                                 config.optim.min_lr, config.optim.lr));

@@ -91,21 +91,27 @@ namespace mltrain {
       "RUN_DIR/profile/ and a table of the costliest operations (empty: none)",                  \
       {})
 
-#define MLTRAIN_DIST_KEYS(KEY, S)                                                               \
-  KEY(S, std::string, backend, "auto", "auto (NCCL on CUDA, MPI on CPU), nccl or mpi",          \
-      one_of({"auto", "nccl", "mpi"}))                                                          \
-  KEY(S, double, bucket_mb, 25.0, "gradient all-reduce bucket size in MiB", at_least(0.001))    \
-  KEY(S, std::string, overlap, "auto",                                                          \
-      "all-reduce buckets while backward runs: auto (on CUDA, not on the CPU, where MPI "       \
-      "makes no progress meanwhile), true or false",                                            \
-      one_of({"auto", "true", "false"}))                                                        \
-  KEY(S, std::string, grad_dtype, "fp32", "dtype of the gradient all-reduce",                   \
-      one_of({"fp32", "bf16"}))                                                                 \
-  KEY(S, int64_t, zero_stage, 0,                                                                \
-      "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates " \
-      "1/N of it, gradients are reduce-scattered and the weights all-gathered",                 \
-      between(0, 1))                                                                            \
-  KEY(S, int64_t, timeout_s, 600, "seconds before a stuck collective is an error", at_least(1))
+#define MLTRAIN_DIST_KEYS(KEY, S)                                                                  \
+  KEY(S, std::string, backend, "auto",                                                             \
+      "auto (NCCL on CUDA; on the CPU MPI under an MPI launcher, else Gloo), nccl or mpi",         \
+      one_of({"auto", "nccl", "mpi"}))                                                             \
+  KEY(S, double, bucket_mb, 25.0, "gradient all-reduce bucket size in MiB", at_least(0.001))       \
+  KEY(S, std::string, overlap, "auto",                                                             \
+      "all-reduce buckets while backward runs: auto (on CUDA, not on the CPU, where MPI "          \
+      "makes no progress meanwhile), true or false",                                               \
+      one_of({"auto", "true", "false"}))                                                           \
+  KEY(S, std::string, grad_dtype, "fp32", "dtype of the gradient all-reduce",                      \
+      one_of({"fp32", "bf16"}))                                                                    \
+  KEY(S, int64_t, zero_stage, 0,                                                                   \
+      "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates "    \
+      "1/N of it, gradients are reduce-scattered and the weights all-gathered",                    \
+      between(0, 1))                                                                               \
+  KEY(S, int64_t, timeout_s, 600, "seconds before a stuck collective is an error", at_least(1))    \
+  KEY(S, std::string, rendezvous, "tcp",                                                           \
+      "where ranks started without MPI (torchrun, srun) meet: tcp (a store that rank 0 serves at " \
+      "MASTER_ADDR:MASTER_PORT, under srun the first node) or file:PATH (a file on a "             \
+      "filesystem every rank shares, left by no earlier run)",                                     \
+      {})
 
 struct DataConfig {
   MLTRAIN_DATA_KEYS(MLTRAIN_CONFIG_FIELD, data)

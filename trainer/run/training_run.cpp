@@ -180,7 +180,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       precision_(precision_on_this_machine(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
       communicator_(make_communicator(world, device_, config.dist.backend,
-                                      static_cast<double>(config.dist.timeout_s))),
+                                      static_cast<double>(config.dist.timeout_s),
+                                      config.dist.rendezvous)),
       train_windows_(open_windows(config.data.train, config, "train")),
       val_windows_(open_windows(config.data.val, config, "val")),
       run_dir_(config.train.run_dir),
@@ -355,6 +356,15 @@ void TrainingRun::announce() {
   spdlog::info("model: {} parameters, {:.1f} MFLOP per token | {} rank(s), rank 0 on {}",
                model_->num_parameters(), flops_per_token_ / 1e6, world_.size,
                describe_device(device_));
+  if (world_.launcher != Launcher::none) {
+    spdlog::info("launcher: {}{}", launcher_name(world_.launcher),
+                 world_.uses_mpi ? ""
+                                 : fmt::format("; the ranks met at {}",
+                                               config_.dist.rendezvous == "tcp"
+                                                   ? fmt::format("{}:{}", world_.rendezvous_host,
+                                                                 world_.rendezvous_port)
+                                                   : config_.dist.rendezvous));
+  }
   log_precision(precision_);
   spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
                config_.train.kernels);

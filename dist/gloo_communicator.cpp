@@ -1,0 +1,146 @@
+#include "dist/gloo_communicator.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <stdexcept>
+#include <utility>
+
+namespace mltrain {
+namespace {
+
+// One Gloo operation in flight; its wait() rethrows a failure or a timeout naming the collective,
+// then divides `average` (when given) by the number of ranks, as Gloo sums.
+class GlooWork : public CollectiveWork {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string name, double timeout_s,
+           at::Tensor average, int world_size, std::vector<at::Tensor> in_flight)
+      : work_(std::move(work)),
+        name_(std::move(name)),
+        timeout_s_(timeout_s),
+        average_(std::move(average)),
+        world_size_(world_size),
+        in_flight_(std::move(in_flight)) {}
+
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const std::exception& error) {
+      const std::string what = error.what();
+      throw std::runtime_error(fmt::format(
+          "{} failed or did not finish within dist.timeout_s = {} s (a rank is behind, stopped or "
+          "gone): {}",
+          name_, timeout_s_, what.substr(0, what.find('\n'))));
+    }
+    if (average_.defined()) average_.div_(world_size_);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string name_;
+  double timeout_s_;
+  at::Tensor average_;
+  int world_size_;
+  std::vector<at::Tensor> in_flight_;  // kept alive until the operation is done
+};
+
+class GlooSum : public PendingSum {
+ public:
+  explicit GlooSum(std::unique_ptr<CollectiveWork> work, at::Tensor value)
+      : work_(std::move(work)), value_(std::move(value)) {}
+  double wait() override {
+    work_->wait();
+    return value_.item<double>();
+  }
+
+ private:
+  std::unique_ptr<CollectiveWork> work_;
+  at::Tensor value_;
+};
+
+void check_gloo_tensor(const at::Tensor& tensor, const char* collective) {
+  if (!tensor.is_cpu() || !tensor.is_contiguous())
+    throw std::invalid_argument(fmt::format("Gloo {} needs a contiguous CPU tensor", collective));
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(const World& world, c10::intrusive_ptr<c10d::Store> store, double timeout_s)
+      : world_(world), timeout_s_(timeout_s) {
+    auto options = c10d::ProcessGroupGloo::Options::create(
+        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("mltrain/gloo", std::move(store)), world.rank,
+        world.size, options);
+  }
+
+  int rank() const override { return world_.rank; }
+  int size() const override { return world_.size; }
+
+  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
+    check_gloo_tensor(tensor, "all-reduce");
+    std::vector<at::Tensor> tensors{tensor};
+    return started(group_->allreduce(tensors), collective_name("all-reduce", tensor), tensor, {});
+  }
+
+  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                         const at::Tensor& output) override {
+    check_gloo_tensor(input, "reduce-scatter");
+    check_gloo_tensor(output, "reduce-scatter");
+    check_scatter_shapes(input, output, world_.size);
+    at::Tensor in = input;
+    at::Tensor out = output;
+    return started(group_->_reduce_scatter_base(out, in), collective_name("reduce-scatter", input),
+                   output, {input});
+  }
+
+  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+    check_gloo_tensor(tensor, "all-gather");
+    const int64_t part = part_numel(tensor, world_.size);
+    // Gloo reads the rank's part from a buffer of its own, not from inside the output.
+    at::Tensor own = tensor.view(-1).narrow(0, world_.rank * part, part).clone();
+    at::Tensor whole = tensor.view(-1);
+    return started(group_->_allgather_base(whole, own), collective_name("all-gather", tensor),
+                   at::Tensor(), {own, tensor});
+  }
+
+  void broadcast(const at::Tensor& tensor, int root) override {
+    check_gloo_tensor(tensor, "broadcast");
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    started(group_->broadcast(tensors, options), "a broadcast", at::Tensor(), {})->wait();
+  }
+
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    at::Tensor sum = at::full({1}, value, at::kDouble);
+    std::vector<at::Tensor> tensors{sum};
+    return std::make_unique<GlooSum>(
+        started(group_->allreduce(tensors), "the sum of a host value", at::Tensor(), {}), sum);
+  }
+
+ private:
+  std::unique_ptr<CollectiveWork> started(c10::intrusive_ptr<c10d::Work> work, std::string name,
+                                          at::Tensor average, std::vector<at::Tensor> in_flight) {
+    return std::make_unique<GlooWork>(std::move(work), std::move(name), timeout_s_,
+                                      std::move(average), world_.size, std::move(in_flight));
+  }
+
+  World world_;
+  double timeout_s_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const World& world,
+                                                     c10::intrusive_ptr<c10d::Store> store,
+                                                     double timeout_s) {
+  return std::make_unique<GlooCommunicator>(world, std::move(store), timeout_s);
+}
+
+}  // namespace mltrain

@@ -1,0 +1,62 @@
+#include "dist/rendezvous_store.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "common/error.h"
+
+namespace mltrain {
+namespace {
+
+constexpr std::string_view kFilePrefix = "file:";
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> connect_rendezvous(const World& world,
+                                                   const std::string& rendezvous,
+                                                   double timeout_s) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
+  std::string where;
+  try {
+    c10::intrusive_ptr<c10d::Store> store;
+    if (rendezvous.starts_with(kFilePrefix)) {
+      where = fmt::format("the file store {}", rendezvous.substr(kFilePrefix.size()));
+      store =
+          c10::make_intrusive<c10d::FileStore>(rendezvous.substr(kFilePrefix.size()), world.size);
+      store->setTimeout(timeout);
+    } else {
+      where = fmt::format("{}:{} (TCP, served by rank 0)", world.rendezvous_host,
+                          world.rendezvous_port);
+      c10d::TCPStoreOptions options;
+      options.port = static_cast<uint16_t>(world.rendezvous_port);
+      options.isServer = world.rank == 0;
+      options.numWorkers = world.size;
+      options.waitWorkers = true;
+      options.timeout = timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(world.rendezvous_host, options);
+    }
+    // Every rank is there once each has checked in: a barrier over the store.
+    store->add("mltrain/arrived", 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (store->add("mltrain/arrived", 0) < world.size) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error(
+            fmt::format("{} of {} ranks arrived", store->add("mltrain/arrived", 0), world.size));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return store;
+  } catch (const std::exception& error) {
+    throw std::runtime_error(
+        fmt::format("rank {} of {}: the rendezvous at {} failed within dist.timeout_s = {} s: {}",
+                    world.rank, world.size, where, timeout_s, first_line(error.what())));
+  }
+}
+
+}  // namespace mltrain

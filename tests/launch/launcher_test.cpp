@@ -1,0 +1,127 @@
+// Ranks started without MPI, as torchrun and srun start them: launch/ranks.sh (torchrun's
+// variables) and a plain shell script with Slurm's, each 2 CPU ranks over Gloo, against 1 rank with
+// the same global batch; the rendezvous over TCP and over a shared file; and what a missing
+// variable or a missing rank does.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "model/safetensors.h"
+#include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
+
+namespace mltrain {
+namespace {
+
+using testing::read_text;
+using testing::run_command;
+using testing::TemporaryDirectory;
+
+constexpr int64_t kGlobalBatch = 12;  // windows per step, in 2 micro-steps
+
+// A TCP port nothing listens on now, for a rendezvous of its own.
+int free_port() {
+  const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(socket, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(socket, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(socket);
+  return ntohs(address.sin_port);
+}
+
+// The tiny run's config file, and the options that give each of `ranks` ranks its share of the
+// global batch in `run_dir`.
+std::string config_file(const TemporaryDirectory& dir) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 10;
+  config.train.log_every = 1;
+  config.train.eval_every = 1000000;
+  config.data.grad_accum = 2;
+  config.dist.bucket_mb = 0.005;  // several buckets, parts of which begin inside tensors
+  const auto path = dir / "run.yaml";
+  testing::write_text(path, config_to_yaml(config));
+  return path.string();
+}
+
+std::string arguments(const TemporaryDirectory& dir, int ranks, const std::string& run) {
+  return fmt::format("{} --set train.run_dir={} --set data.micro_batch={} --set train.threads=1",
+                     config_file(dir), (dir / run).string(), kGlobalBatch / 2 / ranks);
+}
+
+constexpr const char* kMltrain = MLTRAIN_BIN_DIR "/mltrain";
+
+void expect_like_one_rank(const TemporaryDirectory& dir, const std::string& run) {
+  const auto one = run_command(fmt::format("{} {}", kMltrain, arguments(dir, 1, "one")));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const NamedTensors expected = load_safetensors(dir / "one/checkpoints/step_00000010" / file);
+    const NamedTensors actual = load_safetensors(dir / run / "checkpoints/step_00000010" / file);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (const auto& [name, tensor] : expected)
+      EXPECT_LE(testing::relative_error(actual.at(name), tensor), 1e-5) << file << ": " << name;
+  }
+}
+
+TEST(Launchers, TwoRanksOfRanksShTrainLikeOneRank) {
+  TemporaryDirectory dir;
+  const auto two =
+      run_command(fmt::format("MLTRAIN_BIN={} MASTER_PORT={} bash {}/launch/ranks.sh 2 {}",
+                              kMltrain, free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 2, "two")));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_CONTAINS(two.output, "launcher: torchrun's variables");
+  EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
+  expect_like_one_rank(dir, "two");
+}
+
+// Two ranks with Slurm's variables, started by a plain shell script as srun without MPI starts
+// them, sharded (ZeRO-1: reduce-scatter and all-gather over Gloo) and meeting at a file.
+TEST(Launchers, TwoRanksWithSlurmsVariablesTrainLikeOneRank) {
+  TemporaryDirectory dir;
+  const std::string rank = fmt::format(
+      "SLURM_NTASKS=2 SLURM_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 {} {} "
+      "--set dist.zero_stage=1 --set dist.rendezvous=file:{}",
+      kMltrain, arguments(dir, 2, "slurm"), (dir / "rendezvous").string());
+  const auto two =
+      run_command(fmt::format("SLURM_PROCID=0 SLURM_LOCALID=0 {0} > {1}/rank0.txt 2>&1 & "
+                              "SLURM_PROCID=1 SLURM_LOCALID=1 {0} > {1}/rank1.txt 2>&1; "
+                              "one=$?; wait $!; zero=$?; echo exits $zero $one",
+                              rank, dir.path().string()));
+  EXPECT_CONTAINS(two.output, "exits 0 0");
+  const std::string log = read_text(dir / "rank0.txt");
+  EXPECT_CONTAINS(log, "launcher: srun, without MPI");
+  EXPECT_CONTAINS(log, "the ranks met at file:");
+  EXPECT_CONTAINS(log, "2 ranks agree on the config");
+  expect_like_one_rank(dir, "slurm");
+}
+
+TEST(Launchers, AMissingVariableIsExitTwoBeforeAnythingIsWritten) {
+  TemporaryDirectory dir;
+  const auto missing =
+      run_command(fmt::format("RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 {} {}",
+                              kMltrain, arguments(dir, 2, "run")));
+  EXPECT_EQ(missing.exit_code, kExitUserError) << missing.output;
+  EXPECT_CONTAINS(missing.output, "MASTER_PORT is not set: torchrun (or launch/ranks.sh) sets it");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+}
+
+TEST(Launchers, ARankThatNeverComesEndsTheRendezvousWithinTheTimeout) {
+  TemporaryDirectory dir;
+  const int port = free_port();
+  const auto alone = run_command(fmt::format(
+      "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT={} timeout 120 {} {} "
+      "--set dist.timeout_s=2",
+      port, kMltrain, arguments(dir, 2, "run")));
+  EXPECT_EQ(alone.exit_code, kExitRuntimeFailure) << alone.output;
+  EXPECT_CONTAINS(alone.output, fmt::format("rank 0 of 2: the rendezvous at 127.0.0.1:{} (TCP, "
+                                            "served by rank 0) failed within dist.timeout_s = 2 s",
+                                            port));
+}
+
+}  // namespace
+}  // namespace mltrain
