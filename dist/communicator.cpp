@@ -223,8 +223,7 @@ std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device 
                                                 const std::string& backend, double timeout_s,
                                                 const std::string& rendezvous) {
   if (world.size > 1 && backend == "nccl" && !device.is_cuda()) {
-    throw UserError(
-        "dist.backend nccl needs CUDA training (train.device); use mpi or auto on the CPU");
+    throw UserError("dist.backend nccl needs CUDA training (train.device); use auto on the CPU");
   }
   if (world.size > 1 && backend == "mpi" && device.is_cuda()) {
     throw UserError("dist.backend mpi all-reduces CPU tensors; CUDA training uses nccl (or auto)");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
@@ -16,6 +17,13 @@ namespace {
 constexpr std::string_view kFilePrefix = "file:";
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string environment_text(const std::string& name) {
+  return process_environment(name).value_or("");
+}
+
+// Whether torchrun's agent serves the store its ranks meet at (TORCHELASTIC_USE_AGENT_STORE).
+bool served_by_torchrun() { return environment_text("TORCHELASTIC_USE_AGENT_STORE") == "True"; }
 
 }  // namespace
 
@@ -36,12 +44,19 @@ c10::intrusive_ptr<c10d::Store> connect_rendezvous(const World& world,
                           world.rendezvous_port);
       c10d::TCPStoreOptions options;
       options.port = static_cast<uint16_t>(world.rendezvous_port);
-      options.isServer = world.rank == 0;
+      // torchrun's agent serves a store at MASTER_ADDR:MASTER_PORT itself, and says so.
+      options.isServer = world.rank == 0 && !served_by_torchrun();
       options.numWorkers = world.size;
       options.waitWorkers = true;
       options.timeout = timeout;
       store = c10::make_intrusive<c10d::TCPStore>(world.rendezvous_host, options);
     }
+    // The agent's store outlives a restart of the ranks: each attempt counts under its own keys.
+    if (served_by_torchrun())
+      store = c10::make_intrusive<c10d::PrefixStore>(
+          fmt::format("mltrain/{}/{}", environment_text("TORCHELASTIC_RUN_ID"),
+                      environment_text("TORCHELASTIC_RESTART_COUNT")),
+          store);
     // Every rank is there once each has checked in: a barrier over the store.
     store->add("mltrain/arrived", 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;

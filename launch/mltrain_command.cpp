@@ -64,7 +64,7 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
     } else if (!command_line.export_hf.empty()) {
       // Several processes would race for the one output directory.
       if (world.size > 1)
-        throw UserError("--export-hf runs in one process: start it without mpirun");
+        throw UserError("--export-hf runs in one process: start it without a launcher");
       export_hf(config, command_line.resume == "auto" ? config.train.run_dir : command_line.resume,
                 command_line.export_hf);
     } else {

@@ -16,6 +16,10 @@
 # SIGTERM to every rank, and the ranks finish their step, checkpoint and exit 0; a second Ctrl-C
 # kills them at once. A rank that fails makes the script stop the others (SIGTERM), and exit as it did.
 set -euo pipefail
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
+  echo "ranks.sh needs bash 5.1 or newer (wait -n -p), and this is $BASH_VERSION" >&2
+  exit 2
+fi
 ranks=${1:?usage: launch/ranks.sh RANKS CONFIG.yaml [mltrain options]}
 shift
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,7 +1,7 @@
-// Ranks started without MPI, as torchrun and srun start them: launch/ranks.sh (torchrun's
-// variables) and a plain shell script with Slurm's, each 2 CPU ranks over Gloo, against 1 rank with
-// the same global batch; the rendezvous over TCP and over a shared file; and what a missing
-// variable or a missing rank does.
+// Ranks started without MPI, as torchrun and srun start them: torchrun itself, launch/ranks.sh
+// (torchrun's variables) and a plain shell script with Slurm's, each 2 CPU ranks over Gloo, against
+// 1 rank with the same global batch; the rendezvous over TCP and over a shared file; and what a
+// missing variable or a missing rank does.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -70,13 +70,26 @@ void expect_like_one_rank(const TemporaryDirectory& dir, const std::string& run)
 
 TEST(Launchers, TwoRanksOfRanksShTrainLikeOneRank) {
   TemporaryDirectory dir;
-  const auto two =
-      run_command(fmt::format("MLTRAIN_BIN={} MASTER_PORT={} bash {}/launch/ranks.sh 2 {}",
-                              kMltrain, free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 2, "two")));
+  const auto two = run_command(
+      fmt::format("MLTRAIN_BIN={} MASTER_PORT={} timeout 300 bash {}/launch/ranks.sh 2 {}",
+                  kMltrain, free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 2, "two")));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_CONTAINS(two.output, "launcher: torchrun's variables");
   EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
   expect_like_one_rank(dir, "two");
+}
+
+// torchrun itself (the wheel's, in the tests' Python environment), whose agent serves the store.
+TEST(Launchers, TwoRanksOfTorchrunTrainLikeOneRank) {
+  TemporaryDirectory dir;
+  const std::string torchrun =
+      (std::filesystem::path(MLTRAIN_PYTHON).parent_path() / "torchrun").string();
+  const auto two = run_command(
+      fmt::format("timeout 300 {} --nproc-per-node=2 --master-port={} --no-python {} {}", torchrun,
+                  free_port(), kMltrain, arguments(dir, 2, "torchrun")));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
+  expect_like_one_rank(dir, "torchrun");
 }
 
 // Two ranks with Slurm's variables, started by a plain shell script as srun without MPI starts
@@ -84,7 +97,7 @@ TEST(Launchers, TwoRanksOfRanksShTrainLikeOneRank) {
 TEST(Launchers, TwoRanksWithSlurmsVariablesTrainLikeOneRank) {
   TemporaryDirectory dir;
   const std::string rank = fmt::format(
-      "SLURM_NTASKS=2 SLURM_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 {} {} "
+      "SLURM_NTASKS=2 SLURM_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 timeout 300 {} {} "
       "--set dist.zero_stage=1 --set dist.rendezvous=file:{}",
       kMltrain, arguments(dir, 2, "slurm"), (dir / "rendezvous").string());
   const auto two =

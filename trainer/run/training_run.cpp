@@ -585,6 +585,7 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   OptimizerState optimizer_state = optimizer_->state();
   std::optional<std::filesystem::path> path;
   if (leader_) {
+    checkpoint_writer_.wait();  // one host copy at a time: the one before is written first
     path = checkpoint_writer_.save(
         checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
                             tokenizer_model_, world_.size, checkpoint_writer_.in_background()));
