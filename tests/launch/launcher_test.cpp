@@ -123,6 +123,17 @@ TEST(Launchers, AMissingVariableIsExitTwoBeforeAnythingIsWritten) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 
+TEST(Launchers, ARendezvousThatIsNeitherTcpNorAFileIsExitTwo) {
+  TemporaryDirectory dir;
+  for (const char* rendezvous : {"udp", "file:", "FILE:/tmp/x", "tcp:host"}) {
+    const auto refused = run_command(fmt::format("{} {} --dry-run --set 'dist.rendezvous=\"{}\"'",
+                                                 kMltrain, arguments(dir, 1, "run"), rendezvous));
+    EXPECT_EQ(refused.exit_code, kExitUserError) << rendezvous << "\n" << refused.output;
+    EXPECT_CONTAINS(refused.output, "dist.rendezvous must be tcp or file:PATH");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+}
+
 TEST(Launchers, ARankThatNeverComesEndsTheRendezvousWithinTheTimeout) {
   TemporaryDirectory dir;
   const int port = free_port();
