@@ -49,23 +49,66 @@ class KnownSum : public PendingSum {
 // A world of one: every collective is the identity.
 class SingleRankCommunicator : public Communicator {
  public:
+  using Communicator::Communicator;
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor&) override {
-    return std::make_unique<DoneWork>();
-  }
-  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
-                                                         const at::Tensor& output) override {
-    if (!input.is_same(output)) output.copy_(input.view_as(output));
-    return std::make_unique<DoneWork>();
-  }
-  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor&) override {
-    return std::make_unique<DoneWork>();
-  }
-  void broadcast(const at::Tensor&, int) override {}
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return std::make_unique<KnownSum>(value);
   }
+
+ protected:
+  std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor&, int64_t) override {
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
+                                                               const at::Tensor& output,
+                                                               int64_t) override {
+    if (!input.is_same(output)) output.copy_(input.view_as(output));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor&, int64_t) override {
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor&, int, int64_t) override {
+    return std::make_unique<DoneWork>();
+  }
+};
+
+// A collective as its backend started it, recorded complete or failed in the flight recorder
+// when waited for.
+class RecordedWork : public CollectiveWork {
+ public:
+  RecordedWork(std::unique_ptr<CollectiveWork> work, FlightRecorder& flight, int64_t seq)
+      : work_(std::move(work)), flight_(flight), seq_(seq) {}
+  void wait() override {
+    if (completes_on_wait()) {
+      flight_.wait_for(seq_, [this] { work_->wait(); });
+    } else {
+      work_->wait();
+    }
+  }
+  bool completes_on_wait() const override { return work_->completes_on_wait(); }
+
+ private:
+  std::unique_ptr<CollectiveWork> work_;
+  FlightRecorder& flight_;
+  int64_t seq_;
+};
+
+class RecordedSum : public PendingSum {
+ public:
+  RecordedSum(std::unique_ptr<PendingSum> sum, FlightRecorder& flight, int64_t seq)
+      : sum_(std::move(sum)), flight_(flight), seq_(seq) {}
+  double wait() override {
+    double sum = 0.0;
+    flight_.wait_for(seq_, [&] { sum = sum_->wait(); });
+    return sum;
+  }
+
+ private:
+  std::unique_ptr<PendingSum> sum_;
+  FlightRecorder& flight_;
+  int64_t seq_;
 };
 
 // MPI has no bf16 type: bf16 buffers travel as pairs of bytes, summed in float by this operation.
@@ -112,7 +155,8 @@ void check_mpi_tensor(const at::Tensor& tensor, const char* collective) {
 // MPI collectives on CPU tensors: multi-rank training on machines without GPUs.
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(const World& world, double timeout_s) : world_(world), timeout_s_(timeout_s) {
+  MpiCommunicator(const World& world, double timeout_s, std::shared_ptr<FlightRecorder> flight)
+      : Communicator(std::move(flight)), world_(world), timeout_s_(timeout_s) {
     MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_);
     MPI_Type_commit(&bf16_type_);
     MPI_Op_create(&sum_bf16, /*commute=*/1, &bf16_sum_);
@@ -124,7 +168,13 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
-  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return recorded_sum([&] { return start_host_sum(value, timeout_s_); });
+  }
+
+ protected:
+  std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
+                                                           int64_t) override {
     check_mpi_tensor(tensor, "all-reduce");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
@@ -134,8 +184,9 @@ class MpiCommunicator : public Communicator {
                                      tensor, world_.size, std::vector<at::Tensor>{});
   }
 
-  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
-                                                         const at::Tensor& output) override {
+  std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
+                                                               const at::Tensor& output,
+                                                               int64_t) override {
     check_mpi_tensor(input, "reduce-scatter");
     check_mpi_tensor(output, "reduce-scatter");
     check_scatter_shapes(input, output, world_.size);
@@ -148,7 +199,7 @@ class MpiCommunicator : public Communicator {
                                      output, world_.size, std::vector<at::Tensor>{input});
   }
 
-  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+  std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t) override {
     check_mpi_tensor(tensor, "all-gather");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, tensor.data_ptr(),
@@ -159,16 +210,15 @@ class MpiCommunicator : public Communicator {
                                      at::Tensor(), world_.size, std::vector<at::Tensor>{tensor});
   }
 
-  void broadcast(const at::Tensor& tensor, int root) override {
+  std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
+                                                  int64_t) override {
+    check_mpi_tensor(tensor, "broadcast");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), type_of(tensor), root,
                          MPI_COMM_WORLD, &request),
               "MPI_Ibcast");
-    wait_for(request, timeout_s_, "a broadcast");
-  }
-
-  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
-    return start_host_sum(value, timeout_s_);
+    return std::make_unique<MpiWork>(request, collective_name("broadcast", tensor), timeout_s_,
+                                     at::Tensor(), world_.size, std::vector<at::Tensor>{tensor});
   }
 
  private:
@@ -186,6 +236,44 @@ class MpiCommunicator : public Communicator {
 };
 
 }  // namespace
+
+std::unique_ptr<CollectiveWork> Communicator::all_reduce_average(const at::Tensor& tensor,
+                                                                 int bucket) {
+  const int64_t seq = flight_->enqueued("all-reduce", tensor.numel(), tensor.scalar_type(), bucket);
+  return recorded(seq, start_all_reduce_average(tensor, seq));
+}
+
+std::unique_ptr<CollectiveWork> Communicator::reduce_scatter_average(const at::Tensor& input,
+                                                                     const at::Tensor& output,
+                                                                     int bucket) {
+  const int64_t seq =
+      flight_->enqueued("reduce-scatter", input.numel(), input.scalar_type(), bucket);
+  return recorded(seq, start_reduce_scatter_average(input, output, seq));
+}
+
+std::unique_ptr<CollectiveWork> Communicator::all_gather(const at::Tensor& tensor, int bucket) {
+  const int64_t seq = flight_->enqueued("all-gather", tensor.numel(), tensor.scalar_type(), bucket);
+  return recorded(seq, start_all_gather(tensor, seq));
+}
+
+void Communicator::broadcast(const at::Tensor& tensor, int root) {
+  const int64_t seq = flight_->enqueued("broadcast", tensor.numel(), tensor.scalar_type());
+  recorded(seq, start_broadcast(tensor, root, seq))->wait();
+}
+
+std::unique_ptr<PendingSum> Communicator::recorded_sum(
+    const std::function<std::unique_ptr<PendingSum>()>& start) {
+  const int64_t seq = flight_->enqueued("sum", 1, at::kDouble);
+  std::unique_ptr<PendingSum> sum = start();
+  flight_->started(seq);
+  return std::make_unique<RecordedSum>(std::move(sum), *flight_, seq);
+}
+
+std::unique_ptr<CollectiveWork> Communicator::recorded(int64_t seq,
+                                                       std::unique_ptr<CollectiveWork> work) {
+  flight_->started(seq);
+  return std::make_unique<RecordedWork>(std::move(work), *flight_, seq);
+}
 
 std::string collective_name(const std::string& collective, const at::Tensor& tensor) {
   return fmt::format("the {} of {} {} values", collective, tensor.numel(),
@@ -234,15 +322,22 @@ std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device 
         "{}: CPU ranks started so use Gloo (dist.backend auto)",
         launcher_name(world.launcher)));
   }
+  // A failing rank waits this long for the other ranks' flight records: they write theirs within
+  // a fraction of a second of its request, unless they are stopped or gone.
+  auto flight = std::make_shared<FlightRecorder>(
+      world.rank, world.size, std::chrono::duration<double>(std::min(5.0, timeout_s)));
   // Under an MPI launcher even one rank talks through the real backend: `mpirun -n 1` is how the
   // NCCL path is smoke-tested on a single GPU.
-  if (!world.uses_mpi && world.size == 1) return std::make_unique<SingleRankCommunicator>();
+  if (!world.uses_mpi && world.size == 1)
+    return std::make_unique<SingleRankCommunicator>(std::move(flight));
   // The ranks' CPU communicator: the CPU run's, and the host values' of a CUDA run.
   std::unique_ptr<Communicator> host =
-      world.uses_mpi ? std::make_unique<MpiCommunicator>(world, timeout_s)
-                     : make_gloo_communicator(
-                           world, connect_rendezvous(world, rendezvous, timeout_s), timeout_s);
-  if (device.is_cuda()) return make_nccl_communicator(world, timeout_s, std::move(host));
+      world.uses_mpi
+          ? std::make_unique<MpiCommunicator>(world, timeout_s, flight)
+          : make_gloo_communicator(world, connect_rendezvous(world, rendezvous, timeout_s),
+                                   timeout_s, flight);
+  if (device.is_cuda())
+    return make_nccl_communicator(world, timeout_s, std::move(host), std::move(flight));
   return host;
 }
 

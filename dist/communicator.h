@@ -3,10 +3,12 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/flight_recorder.h"
 #include "dist/world.h"
 
 namespace mltrain {
@@ -19,6 +21,9 @@ class CollectiveWork {
   // result is in place. On CUDA it only orders the caller's current stream after the operation:
   // the host goes on, and the communicator's watchdog bounds the operation by dist.timeout_s.
   virtual void wait() = 0;
+  // Whether wait() returns only once the operation is complete (the CPU's), rather than ordering
+  // the caller's stream after it (CUDA's, whose watchdog sees it complete).
+  virtual bool completes_on_wait() const { return true; }
 };
 
 // A sum of host values over the ranks, in flight.
@@ -30,34 +35,70 @@ class PendingSum {
 };
 
 // Collectives among the ranks of a World. Every rank must call the same collectives in the same
-// order. Implementations: MPI over CPU tensors (multi-rank CPU training, and the tests), NCCL over
-// CUDA tensors, and a world of one where every collective is the identity.
+// order. Implementations: MPI over CPU tensors (multi-rank training, and the tests), Gloo over CPU
+// tensors (ranks started without MPI), NCCL over CUDA tensors, and a world of one where every
+// collective is the identity.
+//
+// Every collective is recorded in the communicator's flight recorder (flight_recorder.h): the
+// public functions number and record the tensor collectives and hand them to the backend's
+// start_ functions; the backends record their host sums themselves (recorded_sum), as NCCL's are
+// its CPU communicator's.
 class Communicator {
  public:
+  explicit Communicator(std::shared_ptr<FlightRecorder> flight) : flight_(std::move(flight)) {}
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Replaces a contiguous tensor with its average over the ranks; asynchronous.
-  virtual std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) = 0;
+  // Replaces a contiguous tensor with its average over the ranks; asynchronous. `bucket` names
+  // the gradient bucket it carries in the flight record (-1: none).
+  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor, int bucket = -1);
   // Averages the contiguous `input` over the ranks and leaves this rank's part of the average in
   // the contiguous `output`: rank r gets input's elements [r n, (r + 1) n), where n is
   // output.numel() and input.numel() is size() n. Asynchronous; neither tensor may change before
   // wait().
-  virtual std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
-                                                                 const at::Tensor& output) = 0;
+  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
+                                                         const at::Tensor& output, int bucket = -1);
   // Fills the contiguous `tensor`, of size() parts of n elements, with every rank's own part: rank
   // r's elements [r n, (r + 1) n) reach every rank. In place; asynchronous.
-  virtual std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) = 0;
+  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor, int bucket = -1);
   // Copies root's tensor into every rank's, ordered before what the caller runs next on the
   // tensor's device (as CollectiveWork::wait).
-  virtual void broadcast(const at::Tensor& tensor, int root) = 0;
+  void broadcast(const at::Tensor& tensor, int root);
   // Starts the sum over the ranks of a host value (stop flags, token counts, hashes), so that
   // the host can go on and collect the sum later.
   virtual std::unique_ptr<PendingSum> start_all_reduce_sum(double value) = 0;
 
   // The sum over the ranks of a host value, waited for.
   double all_reduce_sum(double value) { return start_all_reduce_sum(value)->wait(); }
+
+  // This rank's flight recorder: the run sets its step and where failures write the records.
+  FlightRecorder& flight() const { return *flight_; }
+
+ protected:
+  // The backend's side of the public collectives above, recorded as collective `seq`. A backend
+  // whose wait() does not complete the operation records its completion itself.
+  virtual std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
+                                                                   int64_t seq) = 0;
+  virtual std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
+                                                                       const at::Tensor& output,
+                                                                       int64_t seq) = 0;
+  virtual std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor,
+                                                           int64_t seq) = 0;
+  virtual std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
+                                                          int64_t seq) = 0;
+
+  // A host sum that `start` begins, recorded as a collective: for the backends'
+  // start_all_reduce_sum.
+  std::unique_ptr<PendingSum> recorded_sum(
+      const std::function<std::unique_ptr<PendingSum>()>& start);
+
+ private:
+  // `work`, collective `seq` as the backend started it, recorded as started and, once waited
+  // for, completed or failed.
+  std::unique_ptr<CollectiveWork> recorded(int64_t seq, std::unique_ptr<CollectiveWork> work);
+
+  std::shared_ptr<FlightRecorder> flight_;
 };
 
 // How messages name a collective over `tensor`: collective_name("all-reduce", tensor) is "the

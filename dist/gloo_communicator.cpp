@@ -49,7 +49,7 @@ class GlooWork : public CollectiveWork {
 
 class GlooSum : public PendingSum {
  public:
-  explicit GlooSum(std::unique_ptr<CollectiveWork> work, at::Tensor value)
+  GlooSum(std::unique_ptr<CollectiveWork> work, at::Tensor value)
       : work_(std::move(work)), value_(std::move(value)) {}
   double wait() override {
     work_->wait();
@@ -68,8 +68,9 @@ void check_gloo_tensor(const at::Tensor& tensor, const char* collective) {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(const World& world, c10::intrusive_ptr<c10d::Store> store, double timeout_s)
-      : world_(world), timeout_s_(timeout_s) {
+  GlooCommunicator(const World& world, c10::intrusive_ptr<c10d::Store> store, double timeout_s,
+                   std::shared_ptr<FlightRecorder> flight)
+      : Communicator(std::move(flight)), world_(world), timeout_s_(timeout_s) {
     auto options = c10d::ProcessGroupGloo::Options::create(
         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
@@ -81,14 +82,26 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
-  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return recorded_sum([&] {
+      at::Tensor sum = at::full({1}, value, at::kDouble);
+      std::vector<at::Tensor> tensors{sum};
+      return std::make_unique<GlooSum>(
+          started(group_->allreduce(tensors), "the sum of a host value", at::Tensor(), {}), sum);
+    });
+  }
+
+ protected:
+  std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
+                                                           int64_t) override {
     check_gloo_tensor(tensor, "all-reduce");
     std::vector<at::Tensor> tensors{tensor};
     return started(group_->allreduce(tensors), collective_name("all-reduce", tensor), tensor, {});
   }
 
-  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
-                                                         const at::Tensor& output) override {
+  std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
+                                                               const at::Tensor& output,
+                                                               int64_t) override {
     check_gloo_tensor(input, "reduce-scatter");
     check_gloo_tensor(output, "reduce-scatter");
     check_scatter_shapes(input, output, world_.size);
@@ -98,7 +111,7 @@ class GlooCommunicator : public Communicator {
                    output, {input});
   }
 
-  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+  std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t) override {
     check_gloo_tensor(tensor, "all-gather");
     const int64_t part = part_numel(tensor, world_.size);
     // Gloo reads the rank's part from a buffer of its own, not from inside the output.
@@ -108,19 +121,14 @@ class GlooCommunicator : public Communicator {
                    at::Tensor(), {own, tensor});
   }
 
-  void broadcast(const at::Tensor& tensor, int root) override {
+  std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
+                                                  int64_t) override {
     check_gloo_tensor(tensor, "broadcast");
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    started(group_->broadcast(tensors, options), "a broadcast", at::Tensor(), {})->wait();
-  }
-
-  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
-    at::Tensor sum = at::full({1}, value, at::kDouble);
-    std::vector<at::Tensor> tensors{sum};
-    return std::make_unique<GlooSum>(
-        started(group_->allreduce(tensors), "the sum of a host value", at::Tensor(), {}), sum);
+    return started(group_->broadcast(tensors, options), collective_name("broadcast", tensor),
+                   at::Tensor(), {});
   }
 
  private:
@@ -139,8 +147,9 @@ class GlooCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> make_gloo_communicator(const World& world,
                                                      c10::intrusive_ptr<c10d::Store> store,
-                                                     double timeout_s) {
-  return std::make_unique<GlooCommunicator>(world, std::move(store), timeout_s);
+                                                     double timeout_s,
+                                                     std::shared_ptr<FlightRecorder> flight) {
+  return std::make_unique<GlooCommunicator>(world, std::move(store), timeout_s, std::move(flight));
 }
 
 }  // namespace mltrain

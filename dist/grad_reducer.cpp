@@ -132,9 +132,9 @@ void GradReducer::launch_next_bucket() {
   const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
   if (options_.scatter) {
     const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : averaged_parts_[b];
-    bucket.work = communicator_.reduce_scatter_average(sent, part);
+    bucket.work = communicator_.reduce_scatter_average(sent, part, static_cast<int>(b));
   } else {
-    bucket.work = communicator_.all_reduce_average(sent);
+    bucket.work = communicator_.all_reduce_average(sent, static_cast<int>(b));
   }
 }
 

@@ -168,6 +168,7 @@ class NcclWork : public CollectiveWork {
  public:
   explicit NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(done_->device_index())); }
+  bool completes_on_wait() const override { return false; }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
@@ -175,8 +176,10 @@ class NcclWork : public CollectiveWork {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const World& world, double timeout_s, std::unique_ptr<Communicator> host)
-      : world_(world),
+  NcclCommunicator(const World& world, double timeout_s, std::unique_ptr<Communicator> host,
+                   std::shared_ptr<FlightRecorder> flight)
+      : Communicator(std::move(flight)),
+        world_(world),
         host_(std::move(host)),
         guard_(static_cast<c10::DeviceIndex>(world.local_rank)),
         comm_(world, timeout_s, *host_),
@@ -184,7 +187,7 @@ class NcclCommunicator : public Communicator {
                                              static_cast<c10::DeviceIndex>(world.local_rank))),
         watchdog_(
             std::chrono::duration<double>(timeout_s), [this] { return comm_.async_error(); },
-            [this](const std::string& failure) { end_run(failure); }) {}
+            [this](const std::string& failure, int64_t seq) { end_run(failure, seq); }) {}
 
   // At a clean exit every operation in flight finishes (or the watchdog fires) before the
   // communicator is finalized.
@@ -195,18 +198,25 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
-  std::unique_ptr<CollectiveWork> all_reduce_average(const at::Tensor& tensor) override {
-    return enqueue("all-reduce", "ncclAllReduce", tensor, {tensor}, [&](ncclComm_t comm) {
+  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
+    return host_->start_all_reduce_sum(value);
+  }
+
+ protected:
+  std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
+                                                           int64_t seq) override {
+    return enqueue("all-reduce", "ncclAllReduce", seq, tensor, {tensor}, [&](ncclComm_t comm) {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                            static_cast<size_t>(tensor.numel()), nccl_type(tensor), ncclAvg, comm,
                            stream_.stream());
     });
   }
 
-  std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
-                                                         const at::Tensor& output) override {
+  std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
+                                                               const at::Tensor& output,
+                                                               int64_t seq) override {
     check_scatter_shapes(input, output, world_.size);
-    return enqueue("reduce-scatter", "ncclReduceScatter", input, {input, output},
+    return enqueue("reduce-scatter", "ncclReduceScatter", seq, input, {input, output},
                    [&](ncclComm_t comm) {
                      return ncclReduceScatter(input.data_ptr(), output.data_ptr(),
                                               static_cast<size_t>(output.numel()), nccl_type(input),
@@ -214,18 +224,20 @@ class NcclCommunicator : public Communicator {
                    });
   }
 
-  std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor) override {
+  std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t seq) override {
     const int64_t part = part_numel(tensor, world_.size);
     // In place: this rank's part is where the gathered tensor holds it.
     const void* own = static_cast<const char*>(tensor.data_ptr()) +
                       world_.rank * part * static_cast<int64_t>(tensor.element_size());
-    return enqueue("all-gather", "ncclAllGather", tensor, {tensor}, [&](ncclComm_t comm) {
+    return enqueue("all-gather", "ncclAllGather", seq, tensor, {tensor}, [&](ncclComm_t comm) {
       return ncclAllGather(own, tensor.data_ptr(), static_cast<size_t>(part), nccl_type(tensor),
                            comm, stream_.stream());
     });
   }
 
-  void broadcast(const at::Tensor& tensor, int root) override {
+  // On the compute stream, which the caller's work after it follows.
+  std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
+                                                  int64_t seq) override {
     if (!tensor.is_cuda() || !tensor.is_contiguous())
       throw std::invalid_argument("NCCL broadcast needs a contiguous CUDA tensor");
     const auto stream = c10::cuda::getCurrentCUDAStream(tensor.device().index());
@@ -234,11 +246,9 @@ class NcclCommunicator : public Communicator {
                            static_cast<size_t>(tensor.numel()), nccl_type(tensor), root, comm,
                            stream.stream());
     });
-    watch("a broadcast", record_on(stream));
-  }
-
-  std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
-    return host_->start_all_reduce_sum(value);
+    auto done = record_on(stream);
+    watch(collective_name("broadcast", tensor), done, seq);
+    return std::make_unique<NcclWork>(std::move(done));
   }
 
  private:
@@ -246,7 +256,7 @@ class NcclCommunicator : public Communicator {
   // stream (which makes `tensors`), and hands it to the watchdog as the `collective` of `named`.
   template <class Call>
   std::unique_ptr<CollectiveWork> enqueue(const char* collective, const char* nccl_call,
-                                          const at::Tensor& named,
+                                          int64_t seq, const at::Tensor& named,
                                           std::initializer_list<at::Tensor> tensors, Call call) {
     for (const at::Tensor& tensor : tensors) {
       if (!tensor.is_cuda() || !tensor.is_contiguous())
@@ -259,25 +269,31 @@ class NcclCommunicator : public Communicator {
     // The caching allocator must not reuse the buffers while the communication stream uses them.
     for (const at::Tensor& tensor : tensors) tensor.record_stream(stream_);
     auto done = record_on(stream_);
-    watch(collective_name(collective, named), done);
+    watch(collective_name(collective, named), done, seq);
     return std::make_unique<NcclWork>(std::move(done));
   }
 
-  // Hands `operation`, done when `done` has happened on the device, to the watchdog, whose thread
-  // queries the event with this rank's GPU current.
-  void watch(std::string operation, std::shared_ptr<at::cuda::CUDAEvent> done) {
-    watchdog_.watch(std::move(operation), [done = std::move(done)] {
-      const c10::cuda::CUDAGuard device(done->device_index());
-      return done->query();
-    });
+  // Hands `operation`, collective `seq`, done when `done` has happened on the device, to the
+  // watchdog, whose thread queries the event with this rank's GPU current and records the
+  // collective complete.
+  void watch(std::string operation, std::shared_ptr<at::cuda::CUDAEvent> done, int64_t seq) {
+    watchdog_.watch(
+        std::move(operation),
+        [this, done = std::move(done), seq] {
+          const c10::cuda::CUDAGuard device(done->device_index());
+          if (!done->query()) return false;
+          flight().completed(seq);
+          return true;
+        },
+        seq);
   }
 
-  // The watchdog's verdict: a collective is stuck or NCCL failed. The host may itself be blocked
-  // on the device behind it, so the process ends here. The message goes out first; abort (which
-  // ends this rank's kernels waiting on its peers) can itself block, so a timer ends the process
-  // should it not return.
-  void end_run(const std::string& failure) {
-    spdlog::error("{}", failure);
+  // The watchdog's verdict: collective `seq` is stuck or NCCL failed. The host may itself be
+  // blocked on the device behind it, so the process ends here. The message, with the ranks behind
+  // from the flight records, goes out first; abort (which ends this rank's kernels waiting on its
+  // peers) can itself block, so a timer ends the process should it not return.
+  void end_run(const std::string& failure, int64_t seq) {
+    spdlog::error("{}", seq < 0 ? failure : flight().explain_failure(seq, failure));
     spdlog::default_logger()->flush();
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(10));
@@ -298,8 +314,9 @@ class NcclCommunicator : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world, double timeout_s,
-                                                     std::unique_ptr<Communicator> host) {
-  return std::make_unique<NcclCommunicator>(world, timeout_s, std::move(host));
+                                                     std::unique_ptr<Communicator> host,
+                                                     std::shared_ptr<FlightRecorder> flight) {
+  return std::make_unique<NcclCommunicator>(world, timeout_s, std::move(host), std::move(flight));
 }
 
 }  // namespace mltrain

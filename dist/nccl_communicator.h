@@ -16,7 +16,10 @@ namespace mltrain {
 // failed and ends the process with exit code 1 (every healthy rank's watchdog does the same).
 // Host-side waits (the unique id, set-up, host values) poll with the same deadline. A clean exit
 // finalizes the communicator; abort is for errors only. Host values (flags, counts) go over `host`.
+// Its collectives are recorded in `flight`, which `host` records into too; the watchdog records
+// their completion, and names a failure's collective through it.
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world, double timeout_s,
-                                                     std::unique_ptr<Communicator> host);
+                                                     std::unique_ptr<Communicator> host,
+                                                     std::shared_ptr<FlightRecorder> flight);
 
 }  // namespace mltrain

@@ -11,7 +11,7 @@ std::string missed_deadline(const std::string& operation, double timeout_s) {
 
 Watchdog::Watchdog(std::chrono::duration<double> timeout,
                    std::function<std::string()> transport_error,
-                   std::function<void(const std::string& message)> on_failure,
+                   std::function<void(const std::string& message, int64_t id)> on_failure,
                    std::chrono::milliseconds poll_interval)
     : timeout_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout)),
       transport_error_(std::move(transport_error)),
@@ -28,12 +28,12 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
-void Watchdog::watch(std::string operation, std::function<bool()> done) {
+void Watchdog::watch(std::string operation, std::function<bool()> done, int64_t id) {
   {
     std::lock_guard lock(mutex_);
     if (failed_) return;
     watched_.push_back(
-        {std::move(operation), std::move(done), std::chrono::steady_clock::now() + timeout_});
+        {std::move(operation), std::move(done), std::chrono::steady_clock::now() + timeout_, id});
   }
   changed_.notify_all();
 }
@@ -50,15 +50,15 @@ void Watchdog::poll_until_stopped() {
     std::vector<Watched> watched = std::move(watched_);
     watched_.clear();
     lock.unlock();
-    const std::string failure = check(watched);
+    const Failure failure = check(watched);
     lock.lock();
     watched_.insert(watched_.begin(), std::make_move_iterator(watched.begin()),
                     std::make_move_iterator(watched.end()));
-    if (!failure.empty()) {
+    if (!failure.message.empty()) {
       failed_ = true;
       lock.unlock();
       changed_.notify_all();
-      on_failure_(failure);
+      on_failure_(failure.message, failure.id);
       return;
     }
     changed_.notify_all();
@@ -66,32 +66,35 @@ void Watchdog::poll_until_stopped() {
   }
 }
 
-std::string Watchdog::check(std::vector<Watched>& watched) {
+Watchdog::Failure Watchdog::check(std::vector<Watched>& watched) {
   const std::string oldest = watched.empty() ? "the communicator" : watched.front().operation;
+  const int64_t oldest_id = watched.empty() ? -1 : watched.front().id;
   std::string error;
   try {
     error = transport_error_();
   } catch (const std::exception& failure) {
     error = failure.what();
   }
-  if (!error.empty()) return fmt::format("{} failed: {} (did another rank die?)", oldest, error);
+  if (!error.empty())
+    return {fmt::format("{} failed: {} (did another rank die?)", oldest, error), oldest_id};
   const auto now = std::chrono::steady_clock::now();
   for (auto it = watched.begin(); it != watched.end();) {
     bool done = false;
     try {
       done = it->done();
     } catch (const std::exception& failure) {  // a CUDA error, which stays for the process
-      return fmt::format("{} failed: {}", it->operation, failure.what());
+      return {fmt::format("{} failed: {}", it->operation, failure.what()), it->id};
     }
     if (done) {
       it = watched.erase(it);
     } else if (now > it->deadline) {
-      return missed_deadline(it->operation, std::chrono::duration<double>(timeout_).count());
+      return {missed_deadline(it->operation, std::chrono::duration<double>(timeout_).count()),
+              it->id};
     } else {
       ++it;
     }
   }
-  return "";
+  return {};
 }
 
 }  // namespace mltrain

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "dist/flight_record.h"
 #include "dist/world.h"
 #include "launch/mltrain_command_line.h"
 #include "trainer/checkpoint/checkpoint_store.h"
@@ -49,6 +50,10 @@ int run_mltrain(int argc, char** argv, const TrainingHooks& hooks) {
     const CommandLine command_line = parse_command_line(argc, argv);
     if (command_line.help) {
       fmt::print("{}", command_line_help());
+      return 0;
+    }
+    if (!command_line.flight_report.empty()) {
+      fmt::print("{}", flight_report(command_line.flight_report));
       return 0;
     }
     const Config config = command_config(command_line);

@@ -62,6 +62,10 @@ void define_arguments(CLI::App& app, CommandLine& command_line) {
                                  : std::string();
           },
           ""));
+  app.add_option("--flight-report", command_line.flight_report,
+                 "print where each rank was when a collective failed or hung, from\n"
+                 "the flight records in RUN_DIR/flight, and exit")
+      ->type_name("RUN_DIR");
   app.add_flag("--plot", command_line.plot,
                "draw RUN_DIR/loss.png from RUN_DIR/metrics.jsonl and exit");
   app.add_flag("--dry-run", command_line.dry_run,
@@ -108,6 +112,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     throw UserError(fmt::format("unexpected argument {}: give one config file", extra.front()));
   }
   const bool reads_weights = command_line.eval_only || !command_line.export_hf.empty();
+  if (!command_line.flight_report.empty()) {
+    if (!command_line.config_path.empty() || reads_weights || !command_line.resume.empty())
+      throw UserError("--flight-report RUN_DIR is a command of its own: give it alone");
+    return command_line;
+  }
   if (command_line.config_path.empty() && !reads_weights)
     throw UserError("no config file given (see mltrain --help)");
   for (const auto& [flag, given] : {std::pair{"--eval-only", command_line.eval_only},

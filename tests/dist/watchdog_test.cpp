@@ -21,9 +21,12 @@ struct Verdict {
   std::promise<std::string> message;
   std::future<std::string> future = message.get_future();
   std::atomic<int> calls = 0;
+  std::atomic<int64_t> id = -2;
   auto callback() {
-    return [this](const std::string& failure) {
-      if (calls++ == 0) message.set_value(failure);
+    return [this](const std::string& failure, int64_t failed_id) {
+      if (calls++ != 0) return;
+      id = failed_id;
+      message.set_value(failure);
     };
   }
 };
@@ -34,7 +37,10 @@ TEST(Watchdog, AnOperationPastItsDeadlineFailsNamingIt) {
   Verdict verdict;
   const auto start = Clock::now();
   Watchdog watchdog(0.3s, kNoTransportError, verdict.callback(), 5ms);
-  watchdog.watch("the all-reduce of 1024 Float values", [] { return false; });
+  watchdog.watch(
+      "a broadcast", [] { return true; }, 6);
+  watchdog.watch(
+      "the all-reduce of 1024 Float values", [] { return false; }, 7);
   ASSERT_EQ(verdict.future.wait_for(10s), std::future_status::ready) << "it must fire";
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_GE(seconds, 0.3);
@@ -42,6 +48,7 @@ TEST(Watchdog, AnOperationPastItsDeadlineFailsNamingIt) {
   const std::string message = verdict.future.get();
   EXPECT_CONTAINS(message, "the all-reduce of 1024 Float values");
   EXPECT_CONTAINS(message, "did not finish within dist.timeout_s = 0.3 s");
+  EXPECT_EQ(verdict.id, 7);
   watchdog.drain();  // returns at once once failed
   EXPECT_EQ(verdict.calls, 1);
 }
@@ -67,13 +74,16 @@ TEST(Watchdog, ATransportErrorFailsTheOldestOperationAtOnce) {
   Watchdog watchdog(
       100s, [&] { return broken ? std::string("remote process exited") : std::string(); },
       verdict.callback(), 5ms);
-  watchdog.watch("a broadcast", [] { return false; });
-  watchdog.watch("the all-reduce of 8 Float values", [] { return false; });
+  watchdog.watch(
+      "a broadcast", [] { return false; }, 3);
+  watchdog.watch(
+      "the all-reduce of 8 Float values", [] { return false; }, 4);
   broken = true;
   ASSERT_EQ(verdict.future.wait_for(10s), std::future_status::ready);
   const std::string message = verdict.future.get();
   EXPECT_CONTAINS(message, "a broadcast failed: remote process exited");
   EXPECT_CONTAINS(message, "did another rank die?");
+  EXPECT_EQ(verdict.id, 3);
 }
 
 }  // namespace

@@ -113,6 +113,28 @@ TEST(Launchers, TwoRanksWithSlurmsVariablesTrainLikeOneRank) {
   expect_like_one_rank(dir, "slurm");
 }
 
+// Over Gloo, a rank stopped whole (SIGSTOP) is named by the rank that gives up waiting for it,
+// from the flight records (rank_fault_test.cpp has the same under mpirun). Nothing ends the
+// stopped rank but the script.
+TEST(Launchers, AStoppedRankIsNamedByTheRankWaitingForIt) {
+  TemporaryDirectory dir;
+  const std::string rank = fmt::format(
+      "MLTRAIN_FAULT=stop-rank:1 SLURM_NTASKS=2 SLURM_NODELIST=localhost MASTER_PORT={} "
+      "timeout 120 {}/mltrain_faults {} --set train.max_steps=1000000 --set dist.timeout_s=4",
+      free_port(), MLTRAIN_BIN_DIR, arguments(dir, 2, "run"));
+  const auto run = run_command(
+      fmt::format("SLURM_PROCID=1 SLURM_LOCALID=1 {0} > {1}/rank1.txt 2>&1 & stopped=$!; "
+                  "SLURM_PROCID=0 SLURM_LOCALID=0 {0} > {1}/rank0.txt 2>&1; zero=$?; "
+                  "kill -KILL $stopped; echo exit $zero",
+                  rank, dir.path().string()));
+  const std::string log = read_text(dir / "rank0.txt");
+  EXPECT_CONTAINS(run.output, "exit 1");
+  EXPECT_CONTAINS(read_text(dir / "rank1.txt"), "rank 1 stops");
+  EXPECT_CONTAINS(log, "did not finish within dist.timeout_s = 4 s");
+  EXPECT_CONTAINS(log, "rank 1 had not reached it: it wrote no flight record (stopped, or gone)");
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "flight" / "rank_0.json"));
+}
+
 TEST(Launchers, AMissingVariableIsExitTwoBeforeAnythingIsWritten) {
   TemporaryDirectory dir;
   const auto missing =

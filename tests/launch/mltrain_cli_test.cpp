@@ -220,6 +220,36 @@ TEST(MltrainCli, BadArgumentsExitTwo) {
   EXPECT_CONTAINS(no_ranks.output, "--ranks");
 }
 
+// --flight-report reads RUN_DIR/flight (tests/launch/rank_fault_test.cpp has the records of a real
+// hang): what it cannot read is one line and exit 2, and it leaves the records as they were.
+TEST(MltrainCli, FlightReportOfNoRecordsExitsTwo) {
+  testing::TemporaryDirectory dir;
+  const CommandResult missing = mltrain("--flight-report " + (dir / "nowhere").string());
+  EXPECT_EQ(missing.exit_code, kExitUserError);
+  EXPECT_CONTAINS(missing.output, "nowhere is not a directory: give the run's train.run_dir");
+  const CommandResult none = mltrain("--flight-report " + dir.path().string());
+  EXPECT_EQ(none.exit_code, kExitUserError);
+  EXPECT_CONTAINS(none.output, "flight holds no flight records: the ranks of a multi-rank run");
+  std::filesystem::create_directories(dir / "flight");
+  testing::write_text(dir / "flight" / "rank_0.json", "{\"rank\": 0,");
+  const auto before = testing::file_contents(dir.path());
+  const CommandResult broken = mltrain("--flight-report " + dir.path().string());
+  EXPECT_EQ(broken.exit_code, kExitUserError);
+  EXPECT_CONTAINS(broken.output, "rank_0.json is not a flight record");
+  EXPECT_EQ(lines(broken.output), 1u) << broken.output;
+  EXPECT_EQ(testing::file_contents(dir.path()), before);
+  testing::write_text(dir / "flight" / "rank_3.json",
+                      R"({"rank": 0, "world_size": 4, "reason": "", "failed_seq": null,
+                          "written_us": 1, "collectives": []})");
+  std::filesystem::remove(dir / "flight" / "rank_0.json");
+  const CommandResult renamed = mltrain("--flight-report " + dir.path().string());
+  EXPECT_EQ(renamed.exit_code, kExitUserError);
+  EXPECT_CONTAINS(renamed.output, "rank_3.json holds the flight record of rank 0: it was renamed");
+  const CommandResult with_config = mltrain(kBase + " --flight-report " + dir.path().string());
+  EXPECT_EQ(with_config.exit_code, kExitUserError);
+  EXPECT_CONTAINS(with_config.output, "--flight-report RUN_DIR is a command of its own");
+}
+
 // A model far beyond this machine's memory: one line that says so and what would fit, exit 2,
 // before anything is allocated or written.
 TEST(MltrainCli, ARunWhosePlanCannotFitStopsBeforeItAllocates) {
@@ -286,7 +316,7 @@ TEST(MltrainCli, HelpListsEveryFlagAndExitsZero) {
   EXPECT_CONTAINS(run.output, "the config saved with the checkpoint of --resume");
   for (const char* flag : {"-h,--help", "--set section.key=value", "--resume auto|PATH",
                            "--eval-only", "--export-hf OUT_DIR", "--plot", "--dry-run", "--ranks N",
-                           "--device-memory-gb GB", "--dump-config"}) {
+                           "--device-memory-gb GB", "--dump-config", "--flight-report RUN_DIR"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "mpirun -n 8 mltrain configs/base.yaml");

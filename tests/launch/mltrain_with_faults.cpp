@@ -14,7 +14,9 @@
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
 //   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
-//                            for an hour in step 3
+//                            for an hour in step 3 (its other threads run on)
+//   stop-rank:R              rank R of a multi-rank run says "rank R stops" on stderr and stops
+//                            itself with SIGSTOP in step 3 (every thread of it stops)
 //   forbid-host-sync:A-B     from the gradients of each step A..B to the next step's, any call
 //                            that makes the host wait for the GPU throws (CUDA's sync debug mode)
 #include <ATen/ATen.h>
@@ -96,6 +98,7 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   const std::string forbid_sync = "forbid-host-sync:";
   const std::string kill_rank = "kill-rank:";
   const std::string hang_rank = "hang-rank:";
+  const std::string stop_rank = "stop-rank:";
   for (const std::string& fault : faults) {
     if (fault.starts_with(kill_during_checkpoint)) {
       const mltrain::SaveMoment chosen = save_moment(fault.substr(kill_during_checkpoint.size()));
@@ -126,15 +129,17 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
                                                            ? c10::cuda::SyncDebugMode::L_ERROR
                                                            : c10::cuda::SyncDebugMode::L_DISABLED);
       });
-    } else if (fault.starts_with(kill_rank) || fault.starts_with(hang_rank)) {
-      const bool kill = fault.starts_with(kill_rank);
+    } else if (fault.starts_with(kill_rank) || fault.starts_with(hang_rank) ||
+               fault.starts_with(stop_rank)) {
+      const std::string kind = fault.substr(0, fault.find(':'));
       const int chosen = std::stoi(fault.substr(fault.find(':') + 1));
       after_gradients.emplace_back(
-          [kill, chosen](int64_t step, int rank, const std::vector<at::Tensor>&) {
+          [kind, chosen](int64_t step, int rank, const std::vector<at::Tensor>&) {
             if (rank != chosen || step != 3) return;
-            if (kill) std::raise(SIGKILL);
-            fmt::print(stderr, "rank {} hangs\n", rank);
+            if (kind == "kill-rank") std::raise(SIGKILL);
+            fmt::print(stderr, "rank {} {}\n", rank, kind == "stop-rank" ? "stops" : "hangs");
             std::fflush(stderr);
+            if (kind == "stop-rank") std::raise(SIGSTOP);
             std::this_thread::sleep_for(std::chrono::hours(1));
           });
     } else {

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <regex>
 
 #include "common/error.h"
 #include "tests/launch/fault_support.h"
@@ -79,7 +81,79 @@ TEST(RankFaults, ARankThatHangsEndsTheRunWithinTheTimeout) {
     EXPECT_NE(run.wait(), 0) << testing::read_text(log);
     EXPECT_LT(seconds_since(start), kTimeout + kMargin) << "rank " << hung << " hung";
     EXPECT_CONTAINS(testing::read_text(log), "did not finish within dist.timeout_s = 10 s");
+    // The hung rank's other threads answer the request for its flight record: the error names it
+    // with its last collective.
+    EXPECT_CONTAINS(testing::read_text(log),
+                    fmt::format("rank {} had not reached it: its last collective was #", hung));
+    for (const int rank : {0, 1})
+      EXPECT_TRUE(
+          std::filesystem::exists(dir / "run" / "flight" / fmt::format("rank_{}.json", rank)));
   }
+}
+
+// A rank stopped whole (SIGSTOP: none of its threads runs) under a short dist.timeout_s: the live
+// ranks give up, each writes its flight record, and both the error and --flight-report name the
+// stopped rank and the collective the others waited in.
+TEST(RankFaults, AStoppedRankIsNamedWithTheCollectiveTheOthersWaitedIn) {
+  TemporaryDirectory dir;
+  const std::string log = (dir / "log.txt").string();
+  const auto start = std::chrono::steady_clock::now();
+  testing::BackgroundProcess run(
+      mpirun(3) + " " +
+          mltrain_faults("stop-rank:1", write_config(dir, 1000000) + " --set dist.timeout_s=4"),
+      log);
+  const int exit_code = run.wait(std::chrono::seconds(120));
+  const std::string output = testing::read_text(log);
+  ASSERT_NE(exit_code, 0) << output;
+  ASSERT_NE(exit_code, -1) << "the run must end by itself\n" << output;
+  // The timeout, the 4 s the failing ranks wait for the stopped one's record, and Open MPI's kill.
+  EXPECT_LT(seconds_since(start), 60.0) << output;
+  EXPECT_CONTAINS(output, "rank 1 stops");
+  EXPECT_CONTAINS(output, "did not finish within dist.timeout_s = 4 s");
+  EXPECT_CONTAINS(output,
+                  "rank 1 had not reached it: it wrote no flight record (stopped, or gone)");
+  // Open MPI's kill continues the stopped rank (SIGCONT) before it ends it, so that a record of
+  // rank 1 may come after the others': the error and the report name it all the same.
+  const std::filesystem::path flight = dir / "run" / "flight";
+  EXPECT_TRUE(std::filesystem::exists(flight / "rank_0.json"));
+  EXPECT_TRUE(std::filesystem::exists(flight / "rank_2.json"));
+
+  // The error's collective, "the all-reduce of 1 Float values [collective #57 of step 3]", is the
+  // one the report says the run stopped at.
+  const std::smatch failure = [&] {
+    std::smatch match;
+    std::regex_search(
+        output, match,
+        std::regex(
+            R"(the (\S+) of (\d+) (\w+) values did not finish[^\[]*\[collective #(\d+) of step (\d+)\])"));
+    return match;
+  }();
+  ASSERT_FALSE(failure.empty()) << output;
+  const auto report = run_command(testing::mltrain("--flight-report " + (dir / "run").string()));
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_CONTAINS(report.output, "of 3 ranks in " + flight.string());
+  EXPECT_CONTAINS(report.output,
+                  fmt::format("the run stopped at #{}, the {} of {} {} values", failure[4].str(),
+                              failure[1].str(), failure[2].str(), failure[3].str()));
+  EXPECT_CONTAINS(report.output, "rank 1 had not reached it");
+  EXPECT_CONTAINS(report.output, fmt::format("(step {}): rank 1", failure[5].str()));
+}
+
+// Flight records left by an earlier run of the directory (and its request for them) move to
+// flight.previous: the next run neither answers the old request nor mixes its records with them.
+TEST(RankFaults, AnEarlierRunsFlightRecordsMoveAside) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 6);
+  const std::filesystem::path flight = dir / "run" / "flight";
+  std::filesystem::create_directories(flight);
+  testing::write_text(flight / "rank_0.json", "an earlier run's record");
+  testing::write_text(flight / "dump_requested", "rank 1 at collective #9");
+  const auto run = run_command(mpirun(2) + " " + testing::mltrain(config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(testing::read_text(dir / "run" / "flight.previous" / "rank_0.json"),
+            "an earlier run's record");
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "flight.previous" / "dump_requested"));
+  EXPECT_TRUE(std::filesystem::is_empty(flight)) << "no failure, no records";
 }
 
 // Ctrl-C at a terminal reaches the foreground job's process group: launch/local_ranks.sh turns it

@@ -106,7 +106,9 @@ namespace mltrain {
       "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates "    \
       "1/N of it, gradients are reduce-scattered and the weights all-gathered",                    \
       between(0, 1))                                                                               \
-  KEY(S, int64_t, timeout_s, 600, "seconds before a stuck collective is an error", at_least(1))    \
+  KEY(S, int64_t, timeout_s, 600,                                                                  \
+      "seconds before a stuck collective is an error naming the ranks behind (RUN_DIR/flight)",    \
+      at_least(1))                                                                                 \
   KEY(S, std::string, rendezvous, "tcp",                                                           \
       "where ranks started without MPI (torchrun, srun) meet: tcp (a store that rank 0 serves at " \
       "MASTER_ADDR:MASTER_PORT, under srun the first node) or file:PATH (a file on a "             \

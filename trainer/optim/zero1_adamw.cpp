@@ -107,7 +107,8 @@ void Zero1AdamW::update(double lr, const at::Tensor& skip) {
   check_parameters_in_buckets();
   update_.step(lr, skip);
   // 3. Every rank's part to every rank, one bucket at a time, as the reducer reduces them.
-  for (const Bucket& bucket : buckets_) communicator_.all_gather(bucket.weights)->wait();
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    communicator_.all_gather(buckets_[b].weights, static_cast<int>(b))->wait();
   reducer_.zero_grad();
   reduced_ = false;
 }

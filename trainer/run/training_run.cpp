@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/directory_lock.h"
 #include "common/error.h"
+#include "common/file_tree.h"
 #include "common/input_file.h"
 #include "data/loader.h"
 #include "dist/grad_reducer.h"
@@ -103,6 +104,7 @@ class TrainingRun {
 
  private:
   void check_data();
+  void open_flight_records();
   void check_memory_plan();
   void prepare_run_directory(const std::string& resume);
   void build_model();
@@ -190,6 +192,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
                          hooks.during_checkpoint_write) {
   // The build steps, in the order their needs give. Each says what it needs.
   check_data();
+  open_flight_records();
   check_memory_plan();
   prepare_run_directory(resume);
   build_model();
@@ -209,6 +212,22 @@ void TrainingRun::check_data() {
   // Read once, so that every checkpoint carries the tokenizer the run started with, whatever
   // becomes of the file meanwhile.
   if (leader_) tokenizer_model_ = read_tokenizer_model(config_);
+}
+
+// Needs the communicator and rank 0's lock on the run directory, and comes before the collectives
+// of the set-up: a collective that fails from here on writes every live rank's flight record to
+// RUN_DIR/flight, which every rank can reach (they all resume from its checkpoints). Records left
+// by an earlier run of the directory move to flight.previous, out of this run's way.
+void TrainingRun::open_flight_records() {
+  if (world_.size == 1) return;
+  const std::filesystem::path directory = run_dir_ / "flight";
+  if (leader_ && std::filesystem::exists(directory)) {
+    const std::filesystem::path previous = run_dir_ / "flight.previous";
+    remove_tree(previous);
+    std::filesystem::rename(directory, previous);
+  }
+  communicator_->all_reduce_sum(0.0);  // no rank looks for records before they are moved
+  communicator_->flight().write_records_to(directory);
 }
 
 // Needs the device, the precision and the communicator, and comes before anything large is
@@ -416,6 +435,7 @@ void TrainingRun::run() {
     const int64_t step = progress_.step + 1;
     if (unread_.empty()) unread_since_ = Clock::now();
     if (profiler_) profiler_->before_step(step);
+    communicator_->flight().set_step(step);
     unread_.push_back(train_step(*step_parts_, step));
     if (profiler_) profiler_->after_step(step);
     record_step(unread_.back());

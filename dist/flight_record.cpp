@@ -1,0 +1,232 @@
+#include "dist/flight_record.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/input_file.h"
+
+namespace mltrain {
+namespace {
+
+using nlohmann::json;
+
+// The ranks listed one by one in a line; past them, how many more.
+constexpr size_t kRanksNamed = 8;
+
+// A time of 0 (not yet) is null in the file.
+json time_json(int64_t us) { return us == 0 ? json(nullptr) : json(us); }
+int64_t time_of(const json& value) { return value.is_null() ? 0 : value.get<int64_t>(); }
+
+json entry_json(const FlightEntry& entry) {
+  return {{"seq", entry.seq},
+          {"op", entry.op},
+          {"numel", entry.numel},
+          {"bytes", entry.bytes},
+          {"dtype", entry.dtype},
+          {"bucket", entry.bucket < 0 ? json(nullptr) : json(entry.bucket)},
+          {"step", entry.step},
+          {"enqueued_us", time_json(entry.enqueued_us)},
+          {"started_us", time_json(entry.started_us)},
+          {"completed_us", time_json(entry.completed_us)}};
+}
+
+FlightEntry entry_of(const json& value) {
+  return {.seq = value.at("seq").get<int64_t>(),
+          .op = value.at("op").get<std::string>(),
+          .numel = value.at("numel").get<int64_t>(),
+          .bytes = value.at("bytes").get<int64_t>(),
+          .dtype = value.at("dtype").get<std::string>(),
+          .bucket = value.at("bucket").is_null() ? -1 : value.at("bucket").get<int>(),
+          .step = value.at("step").get<int64_t>(),
+          .enqueued_us = time_of(value.at("enqueued_us")),
+          .started_us = time_of(value.at("started_us")),
+          .completed_us = time_of(value.at("completed_us"))};
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// "rank 1" or "ranks 1, 3 and 4", naming at most kRanksNamed.
+std::string rank_list(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks.front());
+  const size_t named = std::min(ranks.size(), kRanksNamed);
+  std::string text = "ranks " + fmt::to_string(ranks.front());
+  for (size_t i = 1; i + 1 < named; ++i) text += fmt::format(", {}", ranks[i]);
+  if (named < ranks.size())
+    return text + fmt::format(", {} and {} more", ranks[named - 1], ranks.size() - named);
+  return text + fmt::format(" and {}", ranks[named - 1]);
+}
+
+// Where a rank behind was: its last collective, or why nothing is known.
+std::string whereabouts(const std::map<int, FlightRecord>& records, int rank) {
+  const auto found = records.find(rank);
+  if (found == records.end()) return "it wrote no flight record (stopped, or gone)";
+  if (found->second.entries.empty()) return "it had issued no collective";
+  return "its last collective was " + describe(found->second.entries.back());
+}
+
+// The oldest collective a rank had not seen complete when it wrote its record.
+const FlightEntry* oldest_in_flight(const FlightRecord& record) {
+  const auto found = std::find_if(record.entries.begin(), record.entries.end(),
+                                  [](const FlightEntry& entry) { return entry.completed_us == 0; });
+  return found == record.entries.end() ? nullptr : &*found;
+}
+
+// The collective the run stopped at: the earliest one a rank failed at, else (records written
+// only when asked) the furthest any rank reached.
+int64_t stopped_at(const std::map<int, FlightRecord>& records) {
+  int64_t failed = 0;
+  int64_t furthest = 0;
+  for (const auto& [rank, record] : records) {
+    if (record.failed_seq > 0 && (failed == 0 || record.failed_seq < failed))
+      failed = record.failed_seq;
+    furthest = std::max(furthest, record.last_seq());
+  }
+  return failed > 0 ? failed : furthest;
+}
+
+// The collective numbered `seq`, as the first record that holds it describes it.
+std::string describe_seq(const std::map<int, FlightRecord>& records, int64_t seq) {
+  for (const auto& [rank, record] : records) {
+    for (const FlightEntry& entry : record.entries)
+      if (entry.seq == seq) return describe(entry);
+  }
+  return fmt::format("#{}", seq);
+}
+
+std::string rank_line(const FlightRecord& record) {
+  if (record.entries.empty()) return fmt::format("rank {}: no collective issued", record.rank);
+  std::string line =
+      fmt::format("rank {}: last issued {}", record.rank, describe(record.entries.back()));
+  if (const FlightEntry* waiting = oldest_in_flight(record)) {
+    line += fmt::format("; in flight for {:.1f} s: {}",
+                        static_cast<double>(record.written_us - waiting->enqueued_us) / 1e6,
+                        describe(*waiting));
+  } else {
+    line += "; all complete";
+  }
+  if (record.failed_seq > 0) line += fmt::format("; failed at #{}", record.failed_seq);
+  return line;
+}
+
+}  // namespace
+
+std::string describe(const FlightEntry& entry) {
+  return fmt::format(
+      "#{}, the {} of {} {} values{} (step {})", entry.seq, entry.op, entry.numel, entry.dtype,
+      entry.bucket < 0 ? "" : fmt::format(" in bucket {}", entry.bucket), entry.step);
+}
+
+std::string flight_record_json(const FlightRecord& record) {
+  json entries = json::array();
+  for (const FlightEntry& entry : record.entries) entries.push_back(entry_json(entry));
+  return json{{"rank", record.rank},
+              {"world_size", record.world_size},
+              {"reason", record.reason},
+              {"failed_seq", record.failed_seq > 0 ? json(record.failed_seq) : json(nullptr)},
+              {"written_us", record.written_us},
+              {"collectives", std::move(entries)}}
+             .dump(1, ' ', false, json::error_handler_t::replace) +
+         "\n";
+}
+
+FlightRecord parse_flight_record(const std::string& text, const std::string& source) {
+  try {
+    const json value = json::parse(text);
+    FlightRecord record{
+        .rank = value.at("rank").get<int>(),
+        .world_size = value.at("world_size").get<int>(),
+        .reason = value.at("reason").get<std::string>(),
+        .failed_seq = value.at("failed_seq").is_null() ? -1 : value.at("failed_seq").get<int64_t>(),
+        .written_us = value.at("written_us").get<int64_t>(),
+        .entries = {}};
+    for (const json& entry : value.at("collectives")) record.entries.push_back(entry_of(entry));
+    if (record.world_size < 1 || record.rank < 0 || record.rank >= record.world_size)
+      throw UserError(fmt::format("rank {} of {} ranks", record.rank, record.world_size));
+    return record;
+  } catch (const std::exception& error) {
+    throw UserError(fmt::format("{} is not a flight record: {}", source, first_line(error.what())));
+  }
+}
+
+std::filesystem::path flight_record_path(const std::filesystem::path& directory, int rank) {
+  return directory / fmt::format("rank_{}.json", rank);
+}
+
+std::map<int, FlightRecord> read_flight_records(const std::filesystem::path& directory) {
+  std::map<int, FlightRecord> records;
+  std::error_code error;
+  for (const auto& file : std::filesystem::directory_iterator(directory, error)) {
+    const std::string name = file.path().filename().string();
+    if (!name.starts_with("rank_") || !name.ends_with(".json")) continue;
+    FlightRecord record =
+        parse_flight_record(read_text_file(file.path(), "flight record"), file.path().string());
+    if (file.path().filename() != flight_record_path("", record.rank).filename()) {
+      throw UserError(fmt::format("{} holds the flight record of rank {}: it was renamed",
+                                  file.path().string(), record.rank));
+    }
+    const int rank = record.rank;
+    records.emplace(rank, std::move(record));
+  }
+  return records;
+}
+
+std::vector<int> ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
+                              int64_t seq) {
+  std::vector<int> behind;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const auto found = records.find(rank);
+    if (found == records.end() || found->second.last_seq() < seq) behind.push_back(rank);
+  }
+  return behind;
+}
+
+std::string describe_ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
+                                  int64_t seq) {
+  const std::vector<int> behind = ranks_behind(records, world_size, seq);
+  if (behind.empty()) return "every rank had reached it";
+  if (behind.size() == 1) {
+    return fmt::format("rank {} had not reached it: {}", behind.front(),
+                       whereabouts(records, behind.front()));
+  }
+  std::string text = rank_list(behind) + " had not reached it:";
+  for (size_t i = 0; i < std::min(behind.size(), kRanksNamed); ++i)
+    text += fmt::format("{} rank {}: {}", i == 0 ? "" : ";", behind[i],
+                        whereabouts(records, behind[i]));
+  return text;
+}
+
+std::string flight_report(const std::filesystem::path& run_dir) {
+  if (!std::filesystem::is_directory(run_dir))
+    throw UserError(
+        fmt::format("{} is not a directory: give the run's train.run_dir", run_dir.string()));
+  const std::filesystem::path directory = run_dir / "flight";
+  const std::map<int, FlightRecord> records = read_flight_records(directory);
+  if (records.empty()) {
+    throw UserError(fmt::format(
+        "{} holds no flight records: the ranks of a multi-rank run write them there when a "
+        "collective fails or does not finish within dist.timeout_s",
+        directory.string()));
+  }
+  const int world_size = records.begin()->second.world_size;
+  const int64_t seq = stopped_at(records);
+  std::string report = fmt::format("flight records of {} of {} ranks in {}\n", records.size(),
+                                   world_size, directory.string());
+  for (const auto& [rank, record] : records) {
+    if (record.failed_seq == seq) {
+      report += fmt::format("rank {} failed at #{}: {}\n", rank, seq, first_line(record.reason));
+      break;
+    }
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    const auto found = records.find(rank);
+    report += found == records.end() ? fmt::format("rank {}: no record (stopped, or gone)\n", rank)
+                                     : rank_line(found->second) + "\n";
+  }
+  return report + fmt::format("the run stopped at {}: {}\n", describe_seq(records, seq),
+                              describe_ranks_behind(records, world_size, seq));
+}
+
+}  // namespace mltrain

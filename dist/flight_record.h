@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mltrain {
+
+// One collective as one rank saw it. Every rank numbers its collectives 1, 2, 3... in the order
+// it issues them; as all ranks issue the same collectives in the same order, the same number is
+// the same collective on every rank. Times are microseconds of the Unix epoch, 0 for not yet.
+struct FlightEntry {
+  int64_t seq = 0;
+  std::string op;  // all-reduce, reduce-scatter, all-gather, broadcast or sum
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  std::string dtype;
+  int bucket = -1;           // the gradient bucket it carries; -1: none
+  int64_t step = 0;          // the training step it belongs to; 0: before the first
+  int64_t enqueued_us = 0;   // the rank asked for it
+  int64_t started_us = 0;    // its backend took it
+  int64_t completed_us = 0;  // the rank saw it complete
+};
+
+// How messages name an entry: "#57, the all-reduce of 1 Float values (step 3)".
+std::string describe(const FlightEntry& entry);
+
+// What one rank wrote of its last collectives when a collective failed: RUN_DIR/flight/rank_K.json.
+struct FlightRecord {
+  int rank = 0;
+  int world_size = 1;
+  std::string reason;       // the failure, or which rank's failure asked for the record
+  int64_t failed_seq = -1;  // the collective this rank failed at; -1: written when asked
+  int64_t written_us = 0;
+  std::vector<FlightEntry> entries;  // oldest first
+
+  // The number of the last collective this rank issued; 0 if none.
+  int64_t last_seq() const { return entries.empty() ? 0 : entries.back().seq; }
+};
+
+std::string flight_record_json(const FlightRecord& record);
+// Throws UserError naming `source` where `text` is not a flight record.
+FlightRecord parse_flight_record(const std::string& text, const std::string& source);
+
+// Where rank `rank` writes its record in a flight directory.
+std::filesystem::path flight_record_path(const std::filesystem::path& directory, int rank);
+
+// The records in `directory`, by rank. A file that is not a record is a UserError naming it.
+std::map<int, FlightRecord> read_flight_records(const std::filesystem::path& directory);
+
+// The ranks among `world_size` that had not reached collective `seq`: those that wrote no record,
+// and those whose last collective came before it.
+std::vector<int> ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
+                              int64_t seq);
+
+// What an error line says of the ranks behind collective `seq`: "rank 1 had not reached it: it
+// wrote no flight record (stopped, or gone)", or that every rank had.
+std::string describe_ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
+                                  int64_t seq);
+
+// The picture that `mltrain --flight-report RUN_DIR` prints from RUN_DIR/flight: the collective
+// the run stopped at, where each rank was, and which ranks were behind. A directory without
+// records is a UserError saying when they are written.
+std::string flight_report(const std::filesystem::path& run_dir);
+
+}  // namespace mltrain
