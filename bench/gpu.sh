@@ -40,20 +40,24 @@ export OUT MLTRAIN_GPU_CHECK_WORK=$work
 case $device in
   cuda)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-540}
-    declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_fp32]=180)
+    declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_fp32]=180
+      [checkpoint_pause]=120)
     python=${MLTRAIN_PYTHON:-$(command -v python3)}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-300}
     train_sets=(train.precision=bf16 dist.backend=nccl train.log_every=10)
     bench_args=(--model base --steps 20 --warmup 5 --reps 2)
+    pause_args=(--reps 2 --steps 16 --every 5)
     ;;
   cpu)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-5400}
-    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_fp32]=900)
+    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_fp32]=900
+      [checkpoint_pause]=600)
     python=${MLTRAIN_PYTHON:-${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-10}
     train_sets=(train.precision=fp32 dist.backend=mpi train.log_every=2
       data.seq_len=256 data.micro_batch=2 data.grad_accum=1)
     bench_args=(--model small --steps 3 --warmup 2 --reps 1)
+    pause_args=(--reps 1 --steps 6 --every 2)
     ;;
   *) echo "MLTRAIN_GPU_CHECK_DEVICE is cuda or cpu, not $device" >&2; exit 2 ;;
 esac
@@ -242,6 +246,14 @@ benchmark() {
     >"$work/bench_$precision.md"
 }
 
+# How long training stops at a checkpoint, synchronous against in the background: last, as what
+# the budget has left allows.
+checkpoint_pause() {
+  MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards \
+    bash "$repo/bench/checkpoint_pause.sh" --device "$device" --log "$OUT/checkpoint_pause.log" \
+    "${pause_args[@]}" >"$work/checkpoint_pause.md"
+}
+
 if [[ ${1:-} == --stage ]]; then
   "$2"
   exit
@@ -272,8 +284,16 @@ if ((built)); then
     stage "bench_$precision" throughput.log "bench_$precision"
     [[ -s $work/bench_$precision.md ]] && section <"$work/bench_$precision.md"
   done
+  if [[ -d $shards ]]; then
+    stage checkpoint_pause checkpoint_pause.log checkpoint_pause
+    [[ -s $work/checkpoint_pause.md ]] && section <"$work/checkpoint_pause.md"
+  else
+    not_run checkpoint_pause "no shards in $shards: run bench/fetch_gpu_packages.sh"
+  fi
 else
-  for name in ctest train bench_bf16 bench_fp32; do not_run "$name" "the build failed"; done
+  for name in ctest train bench_bf16 bench_fp32 checkpoint_pause; do
+    not_run "$name" "the build failed"
+  done
 fi
 write_results
 rm -rf "$work"

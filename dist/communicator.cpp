@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "dist/flight_recorder.h"
 #include "dist/gloo_communicator.h"
 #include "dist/mpi_polling.h"
 #include "dist/nccl_communicator.h"
@@ -78,11 +79,12 @@ class SingleRankCommunicator : public Communicator {
 // when waited for.
 class RecordedWork : public CollectiveWork {
  public:
-  RecordedWork(std::unique_ptr<CollectiveWork> work, FlightRecorder& flight, int64_t seq)
-      : work_(std::move(work)), flight_(flight), seq_(seq) {}
+  RecordedWork(std::unique_ptr<CollectiveWork> work, std::shared_ptr<FlightRecorder> flight,
+               int64_t seq)
+      : work_(std::move(work)), flight_(std::move(flight)), seq_(seq) {}
   void wait() override {
     if (completes_on_wait()) {
-      flight_.wait_for(seq_, [this] { work_->wait(); });
+      flight_->wait_for(seq_, [this] { work_->wait(); });
     } else {
       work_->wait();
     }
@@ -91,23 +93,23 @@ class RecordedWork : public CollectiveWork {
 
  private:
   std::unique_ptr<CollectiveWork> work_;
-  FlightRecorder& flight_;
+  std::shared_ptr<FlightRecorder> flight_;
   int64_t seq_;
 };
 
 class RecordedSum : public PendingSum {
  public:
-  RecordedSum(std::unique_ptr<PendingSum> sum, FlightRecorder& flight, int64_t seq)
-      : sum_(std::move(sum)), flight_(flight), seq_(seq) {}
+  RecordedSum(std::unique_ptr<PendingSum> sum, std::shared_ptr<FlightRecorder> flight, int64_t seq)
+      : sum_(std::move(sum)), flight_(std::move(flight)), seq_(seq) {}
   double wait() override {
     double sum = 0.0;
-    flight_.wait_for(seq_, [&] { sum = sum_->wait(); });
+    flight_->wait_for(seq_, [&] { sum = sum_->wait(); });
     return sum;
   }
 
  private:
   std::unique_ptr<PendingSum> sum_;
-  FlightRecorder& flight_;
+  std::shared_ptr<FlightRecorder> flight_;
   int64_t seq_;
 };
 
@@ -237,10 +239,16 @@ class MpiCommunicator : public Communicator {
 
 }  // namespace
 
+Communicator::Communicator(std::shared_ptr<FlightRecorder> flight) : flight_(std::move(flight)) {}
+
+Communicator::~Communicator() = default;
+
+FlightRecorder& Communicator::flight() const { return *flight_; }
+
 std::unique_ptr<CollectiveWork> Communicator::all_reduce_average(const at::Tensor& tensor,
                                                                  int bucket) {
   const int64_t seq = flight_->enqueued("all-reduce", tensor.numel(), tensor.scalar_type(), bucket);
-  return recorded(seq, start_all_reduce_average(tensor, seq));
+  return recorded(seq, [&] { return start_all_reduce_average(tensor, seq); });
 }
 
 std::unique_ptr<CollectiveWork> Communicator::reduce_scatter_average(const at::Tensor& input,
@@ -248,31 +256,34 @@ std::unique_ptr<CollectiveWork> Communicator::reduce_scatter_average(const at::T
                                                                      int bucket) {
   const int64_t seq =
       flight_->enqueued("reduce-scatter", input.numel(), input.scalar_type(), bucket);
-  return recorded(seq, start_reduce_scatter_average(input, output, seq));
+  return recorded(seq, [&] { return start_reduce_scatter_average(input, output, seq); });
 }
 
 std::unique_ptr<CollectiveWork> Communicator::all_gather(const at::Tensor& tensor, int bucket) {
   const int64_t seq = flight_->enqueued("all-gather", tensor.numel(), tensor.scalar_type(), bucket);
-  return recorded(seq, start_all_gather(tensor, seq));
+  return recorded(seq, [&] { return start_all_gather(tensor, seq); });
 }
 
 void Communicator::broadcast(const at::Tensor& tensor, int root) {
   const int64_t seq = flight_->enqueued("broadcast", tensor.numel(), tensor.scalar_type());
-  recorded(seq, start_broadcast(tensor, root, seq))->wait();
+  recorded(seq, [&] { return start_broadcast(tensor, root, seq); })->wait();
 }
 
 std::unique_ptr<PendingSum> Communicator::recorded_sum(
     const std::function<std::unique_ptr<PendingSum>()>& start) {
   const int64_t seq = flight_->enqueued("sum", 1, at::kDouble);
-  std::unique_ptr<PendingSum> sum = start();
+  std::unique_ptr<PendingSum> sum;
+  flight_->explained(seq, [&] { sum = start(); });
   flight_->started(seq);
-  return std::make_unique<RecordedSum>(std::move(sum), *flight_, seq);
+  return std::make_unique<RecordedSum>(std::move(sum), flight_, seq);
 }
 
-std::unique_ptr<CollectiveWork> Communicator::recorded(int64_t seq,
-                                                       std::unique_ptr<CollectiveWork> work) {
+std::unique_ptr<CollectiveWork> Communicator::recorded(
+    int64_t seq, const std::function<std::unique_ptr<CollectiveWork>()>& start) {
+  std::unique_ptr<CollectiveWork> work;
+  flight_->explained(seq, [&] { work = start(); });
   flight_->started(seq);
-  return std::make_unique<RecordedWork>(std::move(work), *flight_, seq);
+  return std::make_unique<RecordedWork>(std::move(work), flight_, seq);
 }
 
 std::string collective_name(const std::string& collective, const at::Tensor& tensor) {

@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "dist/flight_recorder.h"
 #include "dist/world.h"
 
 namespace mltrain {
+
+class FlightRecorder;  // dist/flight_recorder.h
 
 // A collective operation in flight.
 class CollectiveWork {
@@ -39,14 +40,16 @@ class PendingSum {
 // tensors (ranks started without MPI), NCCL over CUDA tensors, and a world of one where every
 // collective is the identity.
 //
-// Every collective is recorded in the communicator's flight recorder (flight_recorder.h): the
-// public functions number and record the tensor collectives and hand them to the backend's
-// start_ functions; the backends record their host sums themselves (recorded_sum), as NCCL's are
-// its CPU communicator's.
+// Every collective among ranks is recorded in the communicator's flight recorder
+// (flight_recorder.h): the public functions number and record the tensor collectives and hand them
+// to the backend's start_ functions; the backends record their host sums themselves
+// (recorded_sum), as NCCL's are its CPU communicator's, and a world of one, which sums nothing,
+// records none. A failure to start or to finish a collective is rethrown with the flight
+// recorder's explanation: the ranks that had not reached it.
 class Communicator {
  public:
-  explicit Communicator(std::shared_ptr<FlightRecorder> flight) : flight_(std::move(flight)) {}
-  virtual ~Communicator() = default;
+  explicit Communicator(std::shared_ptr<FlightRecorder> flight);
+  virtual ~Communicator();
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
@@ -73,7 +76,7 @@ class Communicator {
   double all_reduce_sum(double value) { return start_all_reduce_sum(value)->wait(); }
 
   // This rank's flight recorder: the run sets its step and where failures write the records.
-  FlightRecorder& flight() const { return *flight_; }
+  FlightRecorder& flight() const;
 
  protected:
   // The backend's side of the public collectives above, recorded as collective `seq`. A backend
@@ -94,9 +97,10 @@ class Communicator {
       const std::function<std::unique_ptr<PendingSum>()>& start);
 
  private:
-  // `work`, collective `seq` as the backend started it, recorded as started and, once waited
-  // for, completed or failed.
-  std::unique_ptr<CollectiveWork> recorded(int64_t seq, std::unique_ptr<CollectiveWork> work);
+  // Collective `seq` as `start`, a backend's start_ function, starts it: recorded as started and,
+  // once waited for, completed or failed.
+  std::unique_ptr<CollectiveWork> recorded(
+      int64_t seq, const std::function<std::unique_ptr<CollectiveWork>()>& start);
 
   std::shared_ptr<FlightRecorder> flight_;
 };

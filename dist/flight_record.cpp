@@ -62,7 +62,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 // Where a rank behind was: its last collective, or why nothing is known.
 std::string whereabouts(const std::map<int, FlightRecord>& records, int rank) {
   const auto found = records.find(rank);
-  if (found == records.end()) return "it wrote no flight record (stopped, or gone)";
+  if (found == records.end())
+    return "it wrote no flight record (stopped, gone, or not sharing the run directory)";
   if (found->second.entries.empty()) return "it had issued no collective";
   return "its last collective was " + describe(found->second.entries.back());
 }
@@ -151,6 +152,28 @@ FlightRecord parse_flight_record(const std::string& text, const std::string& sou
   }
 }
 
+std::filesystem::path flight_request_path(const std::filesystem::path& directory) {
+  return directory / "dump_requested";
+}
+
+std::string flight_request_json(const FlightRequest& request) {
+  return json{{"rank", request.rank}, {"seq", request.seq}}.dump() + "\n";
+}
+
+std::optional<FlightRequest> read_flight_request(const std::filesystem::path& directory) {
+  const std::filesystem::path path = flight_request_path(directory);
+  std::error_code missing;
+  if (!std::filesystem::exists(path, missing)) return std::nullopt;
+  try {
+    const json value = json::parse(read_text_file(path, "flight record request"));
+    return FlightRequest{.rank = value.at("rank").get<int>(),
+                         .seq = value.at("seq").get<int64_t>()};
+  } catch (const json::exception& error) {
+    throw UserError(fmt::format("{} is not a request for flight records: {}", path.string(),
+                                first_line(error.what())));
+  }
+}
+
 std::filesystem::path flight_record_path(const std::filesystem::path& directory, int rank) {
   return directory / fmt::format("rank_{}.json", rank);
 }
@@ -186,7 +209,7 @@ std::vector<int> ranks_behind(const std::map<int, FlightRecord>& records, int wo
 std::string describe_ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
                                   int64_t seq) {
   const std::vector<int> behind = ranks_behind(records, world_size, seq);
-  if (behind.empty()) return "every rank had reached it";
+  if (behind.empty()) return "every rank had issued it";
   if (behind.size() == 1) {
     return fmt::format("rank {} had not reached it: {}", behind.front(),
                        whereabouts(records, behind.front()));
@@ -202,27 +225,33 @@ std::string flight_report(const std::filesystem::path& run_dir) {
   if (!std::filesystem::is_directory(run_dir))
     throw UserError(
         fmt::format("{} is not a directory: give the run's train.run_dir", run_dir.string()));
-  const std::filesystem::path directory = run_dir / "flight";
+  const std::filesystem::path directory =
+      std::filesystem::is_directory(run_dir / "flight") ? run_dir / "flight" : run_dir;
   const std::map<int, FlightRecord> records = read_flight_records(directory);
   if (records.empty()) {
+    const std::filesystem::path previous = run_dir / "flight.previous";
     throw UserError(fmt::format(
         "{} holds no flight records: the ranks of a multi-rank run write them there when a "
-        "collective fails or does not finish within dist.timeout_s",
-        directory.string()));
+        "collective fails or does not finish within dist.timeout_s{}",
+        directory.string(),
+        std::filesystem::is_directory(previous)
+            ? fmt::format("; an earlier run's are in {} (mltrain --flight-report {})",
+                          previous.string(), previous.string())
+            : ""));
   }
   const int world_size = records.begin()->second.world_size;
-  const int64_t seq = stopped_at(records);
+  const std::optional<FlightRequest> request = read_flight_request(directory);
+  const int64_t seq = request ? request->seq : stopped_at(records);
   std::string report = fmt::format("flight records of {} of {} ranks in {}\n", records.size(),
                                    world_size, directory.string());
-  for (const auto& [rank, record] : records) {
-    if (record.failed_seq == seq) {
-      report += fmt::format("rank {} failed at #{}: {}\n", rank, seq, first_line(record.reason));
-      break;
-    }
+  const auto first = request ? records.find(request->rank) : records.end();
+  if (first != records.end() && first->second.failed_seq == seq) {
+    report += fmt::format("rank {} failed first, at #{}: {}\n", first->first, seq,
+                          first_line(first->second.reason));
   }
   for (int rank = 0; rank < world_size; ++rank) {
     const auto found = records.find(rank);
-    report += found == records.end() ? fmt::format("rank {}: no record (stopped, or gone)\n", rank)
+    report += found == records.end() ? fmt::format("rank {}: no record\n", rank)
                                      : rank_line(found->second) + "\n";
   }
   return report + fmt::format("the run stopped at {}: {}\n", describe_seq(records, seq),

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,17 @@ std::string flight_record_json(const FlightRecord& record);
 // Throws UserError naming `source` where `text` is not a flight record.
 FlightRecord parse_flight_record(const std::string& text, const std::string& source);
 
+// The first failing rank's request for every rank's record: RUN_DIR/flight/dump_requested.
+struct FlightRequest {
+  int rank = 0;
+  int64_t seq = 0;  // the collective it failed at
+};
+
+std::filesystem::path flight_request_path(const std::filesystem::path& directory);
+std::string flight_request_json(const FlightRequest& request);
+// The request in `directory`, none if there is none; one that is no request is a UserError.
+std::optional<FlightRequest> read_flight_request(const std::filesystem::path& directory);
+
 // Where rank `rank` writes its record in a flight directory.
 std::filesystem::path flight_record_path(const std::filesystem::path& directory, int rank);
 
@@ -56,13 +68,15 @@ std::vector<int> ranks_behind(const std::map<int, FlightRecord>& records, int wo
                               int64_t seq);
 
 // What an error line says of the ranks behind collective `seq`: "rank 1 had not reached it: it
-// wrote no flight record (stopped, or gone)", or that every rank had.
+// wrote no flight record (stopped, gone, or not sharing the run directory)", or that every rank
+// had issued it (on GPUs, where a rank's host runs ahead of its device, the usual answer).
 std::string describe_ranks_behind(const std::map<int, FlightRecord>& records, int world_size,
                                   int64_t seq);
 
-// The picture that `mltrain --flight-report RUN_DIR` prints from RUN_DIR/flight: the collective
-// the run stopped at, where each rank was, and which ranks were behind. A directory without
-// records is a UserError saying when they are written.
+// The picture that `mltrain --flight-report RUN_DIR` prints from RUN_DIR/flight (or from
+// `run_dir` itself when it is a flight directory, such as RUN_DIR/flight.previous): the
+// collective the run stopped at (the first failure's), where each rank was, and which ranks were
+// behind. A directory without records is a UserError saying when they are written.
 std::string flight_report(const std::filesystem::path& run_dir);
 
 }  // namespace mltrain

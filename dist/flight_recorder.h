@@ -23,9 +23,9 @@ namespace mltrain {
 // ranks that had not reached the collective.
 //
 // How the ranks learn of a failure without a collective (the one that failed): the run directory
-// is shared by every rank (they resume from its checkpoints), so the rank that fails writes
-// `dump_requested` there, and a thread of every rank, which polls for it, writes that rank's
-// record. A rank stopped or gone writes none: its absence names it.
+// must be one that every rank shares (as resuming from its checkpoints needs), so the first rank
+// that fails writes a request there (`dump_requested`), and a thread of every rank, which polls
+// for it, writes that rank's record. A rank stopped or gone writes none: its absence names it.
 class FlightRecorder {
  public:
   // The collectives kept: tens of steps' worth.
@@ -55,30 +55,44 @@ class FlightRecorder {
   // collective in its message.
   void write_records_to(std::filesystem::path directory);
 
-  // The message for `failure`, this rank's failure at collective `seq`: it writes this rank's
-  // record, asks the other ranks for theirs, waits for them (peer_wait at most) and names the
-  // ranks that had not reached `seq`. Only the first failure waits; it never throws.
+  // The number of the last collective recorded; 0 if none.
+  int64_t last_seq() const;
+
+  // The message for `failure`, this rank's failure at collective `seq`. The rank's first failure
+  // writes its record, asks the other ranks for theirs, waits for them (peer_wait at most) and
+  // names the ranks that had not reached `seq`; a failure after it, from another thread, waits
+  // for that and says the same. Never throws.
   std::string explain_failure(int64_t seq, const std::string& failure);
 
-  // Runs `wait`, this rank's wait for collective `seq`: then records it complete, or rethrows
-  // what `wait` threw as a std::runtime_error with explain_failure's message.
-  template <class Wait>
-  void wait_for(int64_t seq, Wait&& wait) {
+  // Runs `part`, a part of collective `seq` (its start, or this rank's wait for it), and rethrows
+  // what it throws as a std::runtime_error with explain_failure's message.
+  template <class Part>
+  void explained(int64_t seq, Part&& part) {
     try {
-      wait();
-    } catch (const std::exception& failure) {
+      part();
+    } catch (const std::exception& failure) {  // c10::Error (Gloo's) is no std::runtime_error
       throw std::runtime_error(explain_failure(seq, failure.what()));
     }
+  }
+
+  // Runs `wait`, this rank's wait for collective `seq`, explained as above; then records the
+  // collective complete.
+  template <class Wait>
+  void wait_for(int64_t seq, Wait&& wait) {
+    explained(seq, wait);
     completed(seq);
   }
 
  private:
   FlightEntry* kept(int64_t seq);  // with mutex_ held; null once overwritten
+  std::filesystem::path directory() const;
   // Writes this rank's record, unless the record of its own failure is already written (which a
   // record written when asked must not replace).
   void write_record(const std::string& reason, int64_t failed_seq);
+  // What the other ranks' records say of collective `seq`, this rank's first failure: "rank 1 had
+  // not reached it: ...", or why it is not known.
+  std::string gather(int64_t seq, const std::string& failure);
   void answer_requests();  // the thread's body
-  std::filesystem::path request_path() const;
 
   const int rank_;
   const int world_size_;
@@ -90,9 +104,16 @@ class FlightRecorder {
   int64_t step_ = 0;
   std::filesystem::path directory_;
 
-  std::mutex write_mutex_;  // one writer of this rank's record at a time
+  // Guards writing this rank's record, and whether that of its own failure is written.
+  std::mutex write_mutex_;
   bool failure_written_ = false;
-  bool explained_ = false;
+
+  // The first failure's gathering, which the failures after it wait for and repeat.
+  std::mutex gather_mutex_;
+  std::condition_variable gathered_;
+  enum class Gathering { not_yet, running, done } gathering_ = Gathering::not_yet;
+  int64_t gathered_seq_ = 0;
+  std::string ranks_behind_;
 
   std::mutex thread_mutex_;
   std::condition_variable stop_;

@@ -16,12 +16,17 @@
 #include <thread>
 
 #include "common/error.h"
+#include "dist/flight_recorder.h"
 #include "dist/watchdog.h"
 
 namespace mltrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long a rank whose NCCL collective failed may take to explain it (the flight records take
+// at most 5 s) and abort before it ends anyway.
+constexpr std::chrono::seconds kLastWords(20);
 
 ncclDataType_t nccl_type(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
@@ -247,6 +252,7 @@ class NcclCommunicator : public Communicator {
                            stream.stream());
     });
     auto done = record_on(stream);
+    flight().started(seq);  // before the watchdog can see it complete
     watch(collective_name("broadcast", tensor), done, seq);
     return std::make_unique<NcclWork>(std::move(done));
   }
@@ -269,6 +275,7 @@ class NcclCommunicator : public Communicator {
     // The caching allocator must not reuse the buffers while the communication stream uses them.
     for (const at::Tensor& tensor : tensors) tensor.record_stream(stream_);
     auto done = record_on(stream_);
+    flight().started(seq);  // enqueued on the stream, before the watchdog can see it complete
     watch(collective_name(collective, named), done, seq);
     return std::make_unique<NcclWork>(std::move(done));
   }
@@ -288,17 +295,19 @@ class NcclCommunicator : public Communicator {
         seq);
   }
 
-  // The watchdog's verdict: collective `seq` is stuck or NCCL failed. The host may itself be
-  // blocked on the device behind it, so the process ends here. The message, with the ranks behind
-  // from the flight records, goes out first; abort (which ends this rank's kernels waiting on its
-  // peers) can itself block, so a timer ends the process should it not return.
+  // The watchdog's verdict: collective `seq` is stuck or NCCL failed (-1: with none in flight, so
+  // the last one issued is named). The host may itself be blocked on the device behind it, so the
+  // process ends here. The message, with the ranks behind from the flight records, goes out
+  // first; gathering those (on a shared filesystem) and abort (which ends this rank's kernels
+  // waiting on its peers) can each block, so a timer started first ends the process should they
+  // not return.
   void end_run(const std::string& failure, int64_t seq) {
-    spdlog::error("{}", seq < 0 ? failure : flight().explain_failure(seq, failure));
-    spdlog::default_logger()->flush();
     std::thread([] {
-      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::this_thread::sleep_for(kLastWords);
       std::_Exit(kExitRuntimeFailure);
     }).detach();
+    spdlog::error("{}", flight().explain_failure(seq < 0 ? flight().last_seq() : seq, failure));
+    spdlog::default_logger()->flush();
     comm_.abort();
     std::_Exit(kExitRuntimeFailure);
   }

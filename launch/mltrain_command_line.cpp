@@ -113,7 +113,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   const bool reads_weights = command_line.eval_only || !command_line.export_hf.empty();
   if (!command_line.flight_report.empty()) {
-    if (!command_line.config_path.empty() || reads_weights || !command_line.resume.empty())
+    const bool anything_else =
+        !command_line.config_path.empty() || reads_weights || !command_line.resume.empty() ||
+        !command_line.overrides.empty() || command_line.dry_run || command_line.ranks != 0 ||
+        command_line.device_memory_gb != 0 || command_line.dump_config || command_line.plot;
+    if (anything_else)
       throw UserError("--flight-report RUN_DIR is a command of its own: give it alone");
     return command_line;
   }

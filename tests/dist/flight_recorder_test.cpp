@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -175,11 +176,11 @@ TEST(FlightRecord, TheRanksBehindAreThoseWithoutARecordOrWhoseLastCameBefore) {
   EXPECT_EQ(ranks_behind(records, 4, 4), (std::vector<int>{1}));
   const std::string text = describe_ranks_behind(records, 4, 6);
   EXPECT_CONTAINS(text, "ranks 1 and 2 had not reached it");
-  EXPECT_CONTAINS(text, "rank 1: it wrote no flight record (stopped, or gone)");
+  EXPECT_CONTAINS(text, "rank 1: it wrote no flight record (stopped, gone, or not sharing");
   EXPECT_CONTAINS(text, "rank 2: its last collective was #4, the sum of 1 Double values (step 3)");
   records[1] = record_of(1, {6});
   records[2] = record_of(2, {4, 5, 6});
-  EXPECT_EQ(describe_ranks_behind(records, 4, 6), "every rank had reached it");
+  EXPECT_EQ(describe_ranks_behind(records, 4, 6), "every rank had issued it");
 }
 
 // The failing rank asks; the other rank's thread answers with its record, and the error names it
@@ -203,7 +204,7 @@ TEST(FlightRecorder, AFailureGathersTheOtherRanksRecordsAndNamesThoseBehind) {
   EXPECT_EQ(records.at(0).failed_seq, 5);
   EXPECT_EQ(records.at(0).entries.size(), 5u);
   EXPECT_EQ(records.at(1).failed_seq, -1) << "written when asked";
-  EXPECT_CONTAINS(records.at(1).reason, "rank 0 at collective #5");
+  EXPECT_EQ(records.at(1).reason, "written when rank 0 failed at collective #5");
   EXPECT_EQ(records.at(1).last_seq(), 4);
 }
 
@@ -217,34 +218,68 @@ TEST(FlightRecorder, ARankThatWritesNoRecordIsNamedAfterThePeerWait) {
   const std::string message = failing->explain_failure(9, "stuck");
   EXPECT_GE(seconds_since(start), 0.5);
   EXPECT_CONTAINS(message,
-                  "rank 0 had not reached it: it wrote no flight record (stopped, or gone)");
-  // Only the first failure gathers: the second numbers its collective and returns at once.
+                  "rank 0 had not reached it: it wrote no flight record (stopped, gone, or not "
+                  "sharing the run directory)");
+  // Only the first failure gathers: a later one says what it found, at once.
   const auto again = Clock::now();
   const std::string second = failing->explain_failure(9, "stuck again");
   EXPECT_LT(seconds_since(again), 0.4);
-  EXPECT_EQ(second, "stuck again [collective #9 of step 0]");
+  EXPECT_CONTAINS(second, "stuck again [collective #9 of step 0]; rank 0 had not reached it");
+  const std::string other = failing->explain_failure(8, "another");
+  EXPECT_CONTAINS(other,
+                  "another [collective #8 of step 0]; at collective #9, where this rank "
+                  "failed first, rank 0 had not reached it");
 }
 
-// The record of a rank's own failure is the one kept, not one written later because another rank
-// asked.
-TEST(FlightRecorder, ARequestDoesNotReplaceTheRecordOfTheRanksOwnFailure) {
+// Two threads of one rank that fail together (an NCCL watchdog and a host sum): the second waits
+// for the first's gathering and names the same ranks, rather than a bare line.
+TEST(FlightRecorder, AFailureDuringTheFirstOnesGatheringWaitsForIt) {
   TemporaryDirectory dir;
-  const auto first = recorder_with(0, 2, 3, 0.3s);
-  const auto second = recorder_with(1, 2, 3, 0.3s);
+  const auto failing = recorder_with(0, 2, 3, 1s);
+  failing->write_records_to(dir / "flight");
+  std::string first;
+  std::thread gathering([&] { first = failing->explain_failure(3, "first"); });
+  std::this_thread::sleep_for(0.3s);  // within the first one's peer wait
+  const std::string second = failing->explain_failure(3, "second");
+  gathering.join();
+  EXPECT_CONTAINS(first, "rank 1 had not reached it");
+  EXPECT_CONTAINS(second, "second [collective #3 of step 0]; rank 1 had not reached it");
+}
+
+// Ranks that fail at once ask once: the first request stands, and the report starts from it. The
+// record of a rank's own failure is the one kept, not one written because another rank asked.
+TEST(FlightRecorder, TheFirstRequestStands) {
+  TemporaryDirectory dir;
+  const auto first = recorder_with(0, 2, 4, 0.2s);
+  const auto second = recorder_with(1, 2, 5, 0.2s);
   first->write_records_to(dir / "flight");
   second->write_records_to(dir / "flight");
-  second->explain_failure(3, "second failed");
-  first->explain_failure(3, "first failed");
+  first->explain_failure(4, "first failed");
+  second->explain_failure(5, "second failed");
+  const std::optional<FlightRequest> request = read_flight_request(dir / "flight");
+  ASSERT_TRUE(request.has_value());
+  EXPECT_EQ(request->rank, 0);
+  EXPECT_EQ(request->seq, 4);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir / "flight"),
+                          std::filesystem::directory_iterator()),
+            3)
+      << "the request and two records, no temporaries";
   std::this_thread::sleep_for(0.5s);  // the threads' polls have passed
   const auto records = read_flight_records(dir / "flight");
-  EXPECT_EQ(records.at(0).failed_seq, 3);
   EXPECT_EQ(records.at(0).reason, "first failed");
   EXPECT_EQ(records.at(1).reason, "second failed");
+  EXPECT_EQ(records.at(1).failed_seq, 5);
+  const std::string report = flight_report(dir.path());
+  EXPECT_CONTAINS(report, "rank 0 failed first, at #4: first failed");
+  EXPECT_CONTAINS(report,
+                  "the run stopped at #4, the all-reduce of 8 Float values (step 0): "
+                  "every rank had issued it");
 }
 
 TEST(FlightRecorder, WithoutADirectoryAFailureOnlyNumbersItsCollective) {
   const auto recorder = recorder_with(0, 2, 2);
   recorder->set_step(9);  // the collective's own step is named, not the current one
+  EXPECT_EQ(recorder->last_seq(), 2);
   EXPECT_EQ(recorder->explain_failure(2, "the broadcast failed"),
             "the broadcast failed [collective #2 of step 0]");
 }

@@ -227,9 +227,11 @@ TEST(MltrainCli, FlightReportOfNoRecordsExitsTwo) {
   const CommandResult missing = mltrain("--flight-report " + (dir / "nowhere").string());
   EXPECT_EQ(missing.exit_code, kExitUserError);
   EXPECT_CONTAINS(missing.output, "nowhere is not a directory: give the run's train.run_dir");
+  std::filesystem::create_directories(dir / "flight.previous");
   const CommandResult none = mltrain("--flight-report " + dir.path().string());
   EXPECT_EQ(none.exit_code, kExitUserError);
-  EXPECT_CONTAINS(none.output, "flight holds no flight records: the ranks of a multi-rank run");
+  EXPECT_CONTAINS(none.output, "holds no flight records: the ranks of a multi-rank run");
+  EXPECT_CONTAINS(none.output, "an earlier run's are in " + (dir / "flight.previous").string());
   std::filesystem::create_directories(dir / "flight");
   testing::write_text(dir / "flight" / "rank_0.json", "{\"rank\": 0,");
   const auto before = testing::file_contents(dir.path());
@@ -245,9 +247,12 @@ TEST(MltrainCli, FlightReportOfNoRecordsExitsTwo) {
   const CommandResult renamed = mltrain("--flight-report " + dir.path().string());
   EXPECT_EQ(renamed.exit_code, kExitUserError);
   EXPECT_CONTAINS(renamed.output, "rank_3.json holds the flight record of rank 0: it was renamed");
-  const CommandResult with_config = mltrain(kBase + " --flight-report " + dir.path().string());
-  EXPECT_EQ(with_config.exit_code, kExitUserError);
-  EXPECT_CONTAINS(with_config.output, "--flight-report RUN_DIR is a command of its own");
+  for (const std::string& other :
+       {kBase, std::string("--plot"), std::string("--set train.seed=1")}) {
+    const CommandResult combined = mltrain(other + " --flight-report " + dir.path().string());
+    EXPECT_EQ(combined.exit_code, kExitUserError) << other;
+    EXPECT_CONTAINS(combined.output, "--flight-report RUN_DIR is a command of its own");
+  }
 }
 
 // A model far beyond this machine's memory: one line that says so and what would fit, exit 2,

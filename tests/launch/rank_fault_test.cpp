@@ -111,7 +111,8 @@ TEST(RankFaults, AStoppedRankIsNamedWithTheCollectiveTheOthersWaitedIn) {
   EXPECT_CONTAINS(output, "rank 1 stops");
   EXPECT_CONTAINS(output, "did not finish within dist.timeout_s = 4 s");
   EXPECT_CONTAINS(output,
-                  "rank 1 had not reached it: it wrote no flight record (stopped, or gone)");
+                  "rank 1 had not reached it: it wrote no flight record (stopped, gone, or not "
+                  "sharing the run directory)");
   // Open MPI's kill continues the stopped rank (SIGCONT) before it ends it, so that a record of
   // rank 1 may come after the others': the error and the report name it all the same.
   const std::filesystem::path flight = dir / "run" / "flight";
@@ -147,13 +148,19 @@ TEST(RankFaults, AnEarlierRunsFlightRecordsMoveAside) {
   const std::filesystem::path flight = dir / "run" / "flight";
   std::filesystem::create_directories(flight);
   testing::write_text(flight / "rank_0.json", "an earlier run's record");
-  testing::write_text(flight / "dump_requested", "rank 1 at collective #9");
+  testing::write_text(flight / "dump_requested", R"({"rank": 1, "seq": 9})");
   const auto run = run_command(mpirun(2) + " " + testing::mltrain(config));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(testing::read_text(dir / "run" / "flight.previous" / "rank_0.json"),
             "an earlier run's record");
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "flight.previous" / "dump_requested"));
   EXPECT_TRUE(std::filesystem::is_empty(flight)) << "no failure, no records";
+  // A run that left no records leaves flight.previous to the last run that did.
+  const auto again = run_command(
+      mpirun(2) + " " + testing::mltrain(config + " --resume auto --set train.max_steps=8"));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(testing::read_text(dir / "run" / "flight.previous" / "rank_0.json"),
+            "an earlier run's record");
 }
 
 // Ctrl-C at a terminal reaches the foreground job's process group: launch/local_ranks.sh turns it

@@ -18,6 +18,7 @@
 #include "common/file_tree.h"
 #include "common/input_file.h"
 #include "data/loader.h"
+#include "dist/flight_recorder.h"
 #include "dist/grad_reducer.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
@@ -216,17 +217,31 @@ void TrainingRun::check_data() {
 
 // Needs the communicator and rank 0's lock on the run directory, and comes before the collectives
 // of the set-up: a collective that fails from here on writes every live rank's flight record to
-// RUN_DIR/flight, which every rank can reach (they all resume from its checkpoints). Records left
-// by an earlier run of the directory move to flight.previous, out of this run's way.
+// RUN_DIR/flight, which every rank must reach (as resuming from its checkpoints needs). The
+// records of an earlier run that failed move to flight.previous, out of this run's way; a run
+// that left none (flight/ empty) leaves flight.previous to the last that did. Rank 0 moves them,
+// and all ranks stop if it cannot.
 void TrainingRun::open_flight_records() {
   if (world_.size == 1) return;
   const std::filesystem::path directory = run_dir_ / "flight";
-  if (leader_ && std::filesystem::exists(directory)) {
-    const std::filesystem::path previous = run_dir_ / "flight.previous";
-    remove_tree(previous);
-    std::filesystem::rename(directory, previous);
+  std::string failure;
+  if (leader_) {
+    try {
+      if (std::filesystem::is_directory(directory) && !std::filesystem::is_empty(directory)) {
+        const std::filesystem::path previous = run_dir_ / "flight.previous";
+        remove_tree(previous);
+        std::filesystem::rename(directory, previous);
+      }
+    } catch (const std::filesystem::filesystem_error& error) {
+      failure = error.what();
+    }
   }
-  communicator_->all_reduce_sum(0.0);  // no rank looks for records before they are moved
+  // Also the barrier before which no rank looks for a request.
+  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) {
+    throw std::runtime_error(
+        leader_ ? fmt::format("cannot move the earlier run's flight records aside: {}", failure)
+                : "rank 0 could not move the earlier run's flight records aside");
+  }
   communicator_->flight().write_records_to(directory);
 }
 
