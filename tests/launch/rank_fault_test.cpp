@@ -154,13 +154,35 @@ TEST(RankFaults, AnEarlierRunsFlightRecordsMoveAside) {
   EXPECT_EQ(testing::read_text(dir / "run" / "flight.previous" / "rank_0.json"),
             "an earlier run's record");
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "flight.previous" / "dump_requested"));
-  EXPECT_TRUE(std::filesystem::is_empty(flight)) << "no failure, no records";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(flight),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "no failure, no records: only the run's token";
+  EXPECT_TRUE(std::filesystem::exists(flight / "run_token"));
   // A run that left no records leaves flight.previous to the last run that did.
   const auto again = run_command(
       mpirun(2) + " " + testing::mltrain(config + " --resume auto --set train.max_steps=8"));
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(testing::read_text(dir / "run" / "flight.previous" / "rank_0.json"),
             "an earlier run's record");
+}
+
+// Ranks that do not share the run directory (a relative train.run_dir, each rank started in a
+// folder of its own, as on nodes with local disks) train on, and the rank that cannot see rank 0's
+// says so: its failures could not gather the flight records, nor could it resume.
+TEST(RankFaults, ARankThatDoesNotShareTheRunDirectoryIsWarned) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 6) + " --set train.run_dir=run";
+  for (const char* node : {"node0", "node1"}) std::filesystem::create_directories(dir / node);
+  const auto run = run_command(mpirun(1) + " -wdir " + (dir / "node0").string() + " " +
+                               testing::mltrain(config) + " : -n 1 -wdir " +
+                               (dir / "node1").string() + " " + testing::mltrain(config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "rank 1] warning: this rank does not share train.run_dir (" +
+                                  (dir / "node1" / "run").string() + ") with rank 0");
+  EXPECT_EQ(run.output.find("rank 0] warning: this rank does not share"), std::string::npos)
+      << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "node0" / "run" / "flight" / "run_token"));
 }
 
 // Ctrl-C at a terminal reaches the foreground job's process group: launch/local_ranks.sh turns it

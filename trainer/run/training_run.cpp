@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "common/atomic_file.h"
@@ -88,6 +89,26 @@ void check_init_from(const std::string& directory, const ModelConfig& model) {
         directory));
   }
   check_hf_model_config(model, directory);
+}
+
+// The file in RUN_DIR/flight by which the ranks see that they share it.
+constexpr const char* kFlightToken = "run_token";
+
+// Rank 0's side of opening RUN_DIR/flight: the records of an earlier run that left some move to
+// flight.previous (a run that left none leaves flight.previous to the last that did), and this
+// run's `token` is written.
+void prepare_flight_directory(const std::filesystem::path& run_dir, const std::string& token) {
+  const std::filesystem::path directory = run_dir / "flight";
+  std::error_code missing;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, missing)) {
+    if (entry.path().filename() == kFlightToken) continue;
+    const std::filesystem::path previous = run_dir / "flight.previous";
+    remove_tree(previous);
+    std::filesystem::rename(directory, previous);
+    break;
+  }
+  std::filesystem::create_directories(directory);
+  write_file_atomically(directory / kFlightToken, token);
 }
 
 void load_init_from(Llama& model, const std::string& directory) {
@@ -217,30 +238,40 @@ void TrainingRun::check_data() {
 
 // Needs the communicator and rank 0's lock on the run directory, and comes before the collectives
 // of the set-up: a collective that fails from here on writes every live rank's flight record to
-// RUN_DIR/flight, which every rank must reach (as resuming from its checkpoints needs). The
-// records of an earlier run that failed move to flight.previous, out of this run's way; a run
-// that left none (flight/ empty) leaves flight.previous to the last that did. Rank 0 moves them,
-// and all ranks stop if it cannot.
+// RUN_DIR/flight, where the others can read it only if they share the directory (as resuming
+// from its checkpoints needs too). Rank 0 moves an earlier run's records aside and writes a token
+// of this run there; a rank that does not read the same token warns and keeps its records to
+// itself, rather than have a failure name every rank on other nodes as gone. All ranks stop if
+// rank 0 cannot write.
 void TrainingRun::open_flight_records() {
   if (world_.size == 1) return;
   const std::filesystem::path directory = run_dir_ / "flight";
+  const double token = static_cast<double>(std::random_device()() >> 1) + 1.0;
   std::string failure;
   if (leader_) {
     try {
-      if (std::filesystem::is_directory(directory) && !std::filesystem::is_empty(directory)) {
-        const std::filesystem::path previous = run_dir_ / "flight.previous";
-        remove_tree(previous);
-        std::filesystem::rename(directory, previous);
-      }
+      prepare_flight_directory(run_dir_, fmt::format("{:.0f}", token));
     } catch (const std::filesystem::filesystem_error& error) {
       failure = error.what();
     }
   }
-  // Also the barrier before which no rank looks for a request.
   if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) {
     throw std::runtime_error(
-        leader_ ? fmt::format("cannot move the earlier run's flight records aside: {}", failure)
-                : "rank 0 could not move the earlier run's flight records aside");
+        leader_ ? fmt::format("cannot prepare the run's flight records: {}", failure)
+                : "rank 0 could not prepare the run's flight records");
+  }
+  // Also the barrier before which no rank reads the token or looks for a request.
+  const double rank0_token = communicator_->all_reduce_sum(leader_ ? token : 0.0);
+  std::error_code unread;
+  if (!std::filesystem::exists(directory / kFlightToken, unread) ||
+      read_text_file(directory / kFlightToken, "flight token") !=
+          fmt::format("{:.0f}", rank0_token)) {
+    spdlog::warn(
+        "this rank does not share train.run_dir ({}) with rank 0: should a collective fail, the "
+        "ranks cannot gather their flight records, and --resume needs rank 0's checkpoints on "
+        "every rank; give the ranks a directory they share",
+        std::filesystem::absolute(run_dir_).string());
+    return;
   }
   communicator_->flight().write_records_to(directory);
 }
