@@ -5,7 +5,12 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
@@ -25,12 +30,33 @@ std::string environment_text(const std::string& name) {
 // Whether torchrun's agent serves the store its ranks meet at (TORCHELASTIC_USE_AGENT_STORE).
 bool served_by_torchrun() { return environment_text("TORCHELASTIC_USE_AGENT_STORE") == "True"; }
 
+// A FileStore's file goes into a directory that must be there and writable: that is the user's to
+// fix (exit 2), where the store itself would fail later with a message of its own. Checked with
+// access(), not by making a file: ranks that share the directory would race for its name.
+void check_store_directory(const std::string& rendezvous) {
+  const std::filesystem::path directory =
+      std::filesystem::absolute(rendezvous.substr(kFilePrefix.size())).parent_path();
+  std::string why;
+  if (!std::filesystem::is_directory(directory)) {
+    why = "no such directory";
+  } else if (::access(directory.c_str(), W_OK) != 0) {
+    why = std::strerror(errno);
+  } else {
+    return;
+  }
+  throw UserError(fmt::format(
+      "dist.rendezvous {}: cannot make the store's file in {}: {}; give a file in a directory "
+      "that every rank shares and may write",
+      rendezvous, directory.string(), why));
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> connect_rendezvous(const World& world,
                                                    const std::string& rendezvous,
                                                    double timeout_s) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
+  if (rendezvous.starts_with(kFilePrefix)) check_store_directory(rendezvous);
   std::string where;
   try {
     c10::intrusive_ptr<c10d::Store> store;

@@ -158,6 +158,27 @@ TEST(Launchers, ARendezvousThatIsNeitherTcpNorAFileIsExitTwo) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 
+// A file store in a directory that is not there, or that no rank may write: exit 2 naming it,
+// before the run directory is made.
+TEST(Launchers, AFileRendezvousWhereNoFileCanBeMadeIsExitTwo) {
+  TemporaryDirectory dir;
+  testing::write_text(dir / "a_file", "");
+  for (const std::string& place :
+       {(dir / "missing" / "store").string(), (dir / "a_file" / "store").string(),
+        std::string("/proc/self/store")}) {
+    const auto refused = run_command(fmt::format(
+        "SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NODELIST=localhost timeout 60 {} {} "
+        "--set dist.rendezvous=file:{}",
+        kMltrain, arguments(dir, 2, "run"), place));
+    EXPECT_EQ(refused.exit_code, kExitUserError) << place << "\n" << refused.output;
+    EXPECT_CONTAINS(refused.output,
+                    fmt::format("dist.rendezvous file:{}: cannot make the store's "
+                                "file in {}",
+                                place, std::filesystem::path(place).parent_path().string()));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+}
+
 TEST(Launchers, ARankThatNeverComesEndsTheRendezvousWithinTheTimeout) {
   TemporaryDirectory dir;
   const int port = free_port();
