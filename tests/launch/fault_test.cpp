@@ -161,6 +161,50 @@ TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
       std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006" / "state.json"));
 }
 
+// A loss spike (10 times the step's loss, injected) is not applied: the weights and the AdamW
+// moments after it are those before it, the log and metrics.jsonl say so, and the steps after it
+// train on. Spikes in a row stop the run as non-finite steps do.
+TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
+  TemporaryDirectory dir;
+  const std::string config =
+      write_config(dir, 7) +
+      " --set train.ckpt_every=1 --set train.keep_last=10 --set train.max_bad_steps=3";
+  const auto run = run_command(mltrain_with_fault("spike-loss:5-5", config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "step 5: loss ");
+  EXPECT_CONTAINS(run.output, "times its running level");
+  EXPECT_CONTAINS(run.output, "(train.spike_guard = 2): update skipped (1 in a row");
+  EXPECT_EQ(run.output.find("step 4: loss"), std::string::npos) << run.output;
+  const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const NamedTensors before = load_safetensors(checkpoints / "step_00000004" / file);
+    const NamedTensors after = load_safetensors(checkpoints / "step_00000005" / file);
+    ASSERT_EQ(before.size(), after.size());
+    for (const auto& [name, tensor] : before)
+      EXPECT_TRUE(at::equal(tensor, after.at(name))) << file << ": " << name;
+    const NamedTensors trained = load_safetensors(checkpoints / "step_00000006" / file);
+    EXPECT_FALSE(at::equal(after.begin()->second, trained.at(after.begin()->first)))
+        << "the step after the spike trains";
+  }
+  bool recorded = false;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("skipped", "") != "loss spike") continue;
+    recorded = true;
+    EXPECT_EQ(record["step"], 5);
+    EXPECT_GT(record["loss"].get<double>(), 2 * record["loss_level"].get<double>());
+  }
+  EXPECT_TRUE(recorded);
+
+  const auto spiking = run_command(mltrain_with_fault(
+      "spike-loss:4-100", config + " --set train.run_dir=" + (dir / "spiking").string()));
+  EXPECT_EQ(spiking.exit_code, kExitRuntimeFailure) << spiking.output;
+  EXPECT_CONTAINS(spiking.output,
+                  "3 skipped steps in a row (the last a loss spike): stopping; the last good "
+                  "checkpoint is");
+}
+
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   TemporaryDirectory dir;
   const std::string config =

@@ -12,6 +12,8 @@
 //                            write waits until the run has logged 2 steps more, and fails after a
 //                            minute without them
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
+//   spike-loss:A-B           the averaged loss of steps A..B is 10 times what it was (their
+//                            gradients are left alone)
 //   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
 //                            for an hour in step 3 (its other threads run on)
@@ -95,6 +97,7 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   std::vector<std::function<void(int64_t, int, const std::vector<at::Tensor>&)>> after_gradients;
   const std::string kill_during_checkpoint = "kill-during-checkpoint";
   const std::string nonfinite = "nonfinite-gradients:";
+  const std::string spike = "spike-loss:";
   const std::string forbid_sync = "forbid-host-sync:";
   const std::string kill_rank = "kill-rank:";
   const std::string hang_rank = "hang-rank:";
@@ -115,6 +118,11 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
       };
     } else if (fault == "checkpoint-write-waits-for-training") {
       hooks.during_checkpoint_write = wait_for_training;
+    } else if (fault.starts_with(spike)) {
+      const auto [first, last] = step_range(fault.substr(spike.size()));
+      hooks.after_loss = [first, last](int64_t step, const at::Tensor& loss) {
+        if (step >= first && step <= last) loss.mul_(10);
+      };
     } else if (fault.starts_with(nonfinite)) {
       const auto [first, last] = step_range(fault.substr(nonfinite.size()));
       after_gradients.emplace_back(

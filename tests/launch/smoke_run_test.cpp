@@ -33,6 +33,9 @@ TEST(SmokeRun, TrainsEvaluatesAndSamples) {
                   " --set train.max_steps=24 --set optim.warmup_steps=4 --set train.eval_every=8");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_CONTAINS(train.output, "step 24/24");
+  EXPECT_EQ(train.output.find("update skipped"), std::string::npos)
+      << "the spike guard's default must not fire on a healthy run\n"
+      << train.output;
 
   std::vector<double> val_losses;
   std::ifstream metrics(run_dir + "/metrics.jsonl");

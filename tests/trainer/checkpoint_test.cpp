@@ -101,6 +101,18 @@ TEST(Checkpoints, LayoutStateAndRetention) {
   EXPECT_EQ(state["tokens_seen"], 12 * 16 * 16);
   EXPECT_EQ(state["world_size"], 1);
   EXPECT_TRUE(state["best_val_loss"].is_number());
+  // The spike guard's level, an average of the applied steps' losses, lies among them.
+  double lowest = 1e300;
+  double highest = 0;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (!record.contains("loss") || record.contains("skipped")) continue;
+    lowest = std::min(lowest, record["loss"].get<double>());
+    highest = std::max(highest, record["loss"].get<double>());
+  }
+  EXPECT_GE(state["loss_level"].get<double>(), lowest);
+  EXPECT_LE(state["loss_level"].get<double>(), highest);
   for (const char* file : {"model.safetensors", "optimizer.safetensors", "config.yaml"}) {
     EXPECT_TRUE(state["checksums_xxh3"].contains(file)) << file;
   }
@@ -175,6 +187,8 @@ TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
        "\"learning_rate\" must be a number of at least 0"},
       {[](auto& state) { state["best_val_loss"] = -1; },
        "\"best_val_loss\" must be a number of at least 0 or null"},
+      {[](auto& state) { state["loss_level"] = "high"; },
+       "\"loss_level\" must be a number of at least 0, got \"high\""},
       {[](auto& state) { state["rng"]["cpu"] = "zz"; },
        "\"rng.cpu\" must be a string of lowercase hexadecimal digits"},
       {[](auto& state) { state["rng"]["cpu"] = "00"; }, "\"rng.cpu\" holds 2 digits where"},
@@ -204,6 +218,21 @@ TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
     EXPECT_CONTAINS(error, message);
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000008"));
+}
+
+// A checkpoint saved before the spike guard has no level: the run resumes, and its level starts
+// again from the next step's loss.
+TEST(Resume, ACheckpointWithoutASpikeLevelResumes) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  const auto state_path = dir / "run" / "checkpoints" / "step_00000004" / "state.json";
+  nlohmann::json state = nlohmann::json::parse(testing::read_text(state_path));
+  ASSERT_TRUE(state.contains("loss_level"));
+  state.erase("loss_level");
+  testing::write_text(state_path, state.dump());
+  config.train.max_steps = 6;
+  EXPECT_EQ(resume_error(config), "");
+  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006"));
 }
 
 // A checkpoint at or past the run's last step has nothing left to train: said so, not "trained -N

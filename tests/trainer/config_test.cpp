@@ -149,6 +149,10 @@ TEST(Config, InconsistentValuesAreNamed) {
   EXPECT_CONTAINS(config_error("optim:\n  lr: 1e-5\n"),
                   "optim.min_lr (6e-05) exceeds optim.lr (1e-05)");
   EXPECT_CONTAINS(config_error("model:\n  head_dim: 63\n"), "model.head_dim (63) must be even");
+  EXPECT_CONTAINS(config_error("", {"train.spike_guard=0.5"}),
+                  "train.spike_guard (0.5) must be 0 (off) or above 1");
+  EXPECT_CONTAINS(config_error("", {"train.spike_guard=-1"}), "train.spike_guard");
+  EXPECT_EQ(config_error("", {"train.spike_guard=0"}), "") << "0 turns it off";
 }
 
 // Every other config mistake is an error, so a repeated key or section (of which YAML parsers

@@ -44,6 +44,8 @@ class StateReader {
     throw UserError(fmt::format("{}: \"{}\" {}", path_.string(), key, what));
   }
 
+  bool has(const std::string& key) const { return json_.contains(key); }
+
   const Json& at(const std::string& key) const {
     const auto found = json_.find(key);
     if (found == json_.end()) fail(key, "is missing");
@@ -101,6 +103,8 @@ TrainingProgress read_progress(const StateReader& state) {
   progress.tokens_seen = state.integer("tokens_seen", progress.samples_consumed, kMostCount);
   progress.learning_rate = state.non_negative("learning_rate", false);
   progress.best_val_loss = state.non_negative("best_val_loss", true);
+  // Checkpoints from before the spike guard have none: its level starts again.
+  if (state.has("loss_level")) progress.loss_level = state.non_negative("loss_level", false);
   return progress;
 }
 
@@ -140,6 +144,7 @@ std::string checkpoint_state_json(const CheckpointState& state) {
       {"learning_rate", progress.learning_rate},
       {"best_val_loss",
        std::isfinite(progress.best_val_loss) ? Json(progress.best_val_loss) : Json()},
+      {"loss_level", progress.loss_level},
       {"world_size", state.world_size},
       {"rng", {{"cpu", hex(state.cpu_rng)}}},
       {"checksums_xxh3", state.checksums},

@@ -18,6 +18,7 @@ struct TrainingProgress {
   int64_t tokens_seen = 0;
   double learning_rate = 0.0;  // of the last step
   double best_val_loss = std::numeric_limits<double>::infinity();
+  double loss_level = 0.0;  // the spike guard's running level (spike_guard.h); 0: none yet
 };
 
 // A checkpoint's state.json: the progress, the world size that saved it, the CPU generator's

@@ -352,6 +352,12 @@ void check_consistency(const Config& config, const std::string& source) {
         source, config.data.micro_batch, config.data.grad_accum, config.data.seq_len, tokens,
         kMostTokensPerRankStep));
   }
+  if (config.train.spike_guard != 0.0 && config.train.spike_guard <= 1.0) {
+    throw UserError(fmt::format(
+        "{}: train.spike_guard ({}) must be 0 (off) or above 1: a step is skipped when its loss "
+        "exceeds this many times the running level",
+        source, config.train.spike_guard));
+  }
   if (config.train.run_dir.empty())
     throw UserError(
         fmt::format("{}: train.run_dir is empty: name the directory the run writes", source));

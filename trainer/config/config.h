@@ -72,7 +72,11 @@ namespace mltrain {
       "max_steps)",                                                                              \
       at_least(0))                                                                               \
   KEY(S, int64_t, max_bad_steps, 5,                                                              \
-      "non-finite steps in a row (each skipped) before the run stops", at_least(1))              \
+      "skipped steps in a row (non-finite, or loss spikes) before the run stops", at_least(1))   \
+  KEY(S, double, spike_guard, 2.0,                                                               \
+      "skip a step whose loss exceeds this many times the running level of the steps before "    \
+      "(0: off)",                                                                                \
+      at_least(0))                                                                               \
   KEY(S, bool, activation_checkpointing, false,                                                  \
       "keep only each block's input in forward and recompute the block in backward: activation " \
       "memory falls several times (8x on a 297M model) for one more forward pass of the "        \

@@ -45,20 +45,25 @@ ReducedGradients reduce(const StepParts& parts, const at::Tensor& loss, StepResu
   ReducedGradients gradients = parts.optimizer.reduce_gradients();
   result.loss = loss.to(at::kDouble);
   parts.communicator.all_reduce_average(result.loss)->wait();
+  if (parts.hooks.after_loss) parts.hooks.after_loss(result.step, result.loss);
   return gradients;
 }
 
 // Clip, then update at the scheduled learning rate. A non-finite loss or gradient would poison the
-// weights and the moments for good: the update is skipped, on the device. Every rank sees the same
-// averaged loss and norm, so all skip together.
+// weights and the moments for good, and a loss spike (spike_guard.h) would set them back: the
+// update is skipped, on the device. Every rank sees the same averaged loss and norm, so all skip
+// together.
 void update(const StepParts& parts, const ReducedGradients& gradients, int64_t step,
             StepResult& result) {
   RECORD_USER_SCOPE("mltrain::optimizer");
   result.grad_norm = clip_by_global_norm(gradients, parts.optim.grad_clip);
   result.lr = learning_rate(parts.optim, parts.max_steps, step);
-  const at::Tensor skip =
-      at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)).to(at::kFloat);
-  parts.optimizer.update(result.lr, skip);
+  result.loss_level = parts.spike_guard.level_now();
+  result.skipped = (at::logical_not(at::isfinite(result.loss) & at::isfinite(result.grad_norm)) |
+                    parts.spike_guard.is_spike(result.loss))
+                       .to(at::kFloat);
+  parts.optimizer.update(result.lr, result.skipped);
+  parts.spike_guard.follow(result.loss, result.skipped);
 }
 
 }  // namespace

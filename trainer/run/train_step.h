@@ -10,6 +10,7 @@
 #include "model/llama.h"
 #include "trainer/config/config.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/run/spike_guard.h"
 #include "trainer/run/training_hooks.h"
 
 namespace mltrain {
@@ -31,8 +32,10 @@ at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad
 // device's queue to drain, and a step that reads stalls the GPU while the host catches up.
 struct StepResult {
   int64_t step = 0;
-  at::Tensor loss;       // averaged over the ranks
-  at::Tensor grad_norm;  // before clipping
+  at::Tensor loss;        // averaged over the ranks
+  at::Tensor grad_norm;   // before clipping
+  at::Tensor skipped;     // 1 where the update was skipped (non-finite, or a loss spike), else 0
+  at::Tensor loss_level;  // the spike guard's level that the step was judged by
   double lr = 0.0;
   // Host wall time: waiting for the loader, in forward and backward (with the gradients'
   // reduction), and in the clip and the update. On the CPU that is the time the work took; on
@@ -48,6 +51,7 @@ struct StepParts {
   Loader& loader;
   Optimizer& optimizer;
   Communicator& communicator;
+  SpikeGuard& spike_guard;
   const OptimConfig& optim;
   int64_t max_steps;   // of the learning-rate schedule
   int64_t grad_accum;  // micro-steps per step
@@ -59,7 +63,7 @@ struct StepParts {
 
 // One optimizer step, `step` counted from 1: each micro-batch's loss and backward, then the
 // gradients reduced over the ranks, clipped, and the weights updated at the scheduled learning
-// rate, unless the step went non-finite. Nothing here waits for the device.
+// rate, unless the step went non-finite or its loss spiked. Nothing here waits for the device.
 StepResult train_step(const StepParts& parts, int64_t step);
 
 }  // namespace mltrain

@@ -19,6 +19,9 @@ struct TrainingHooks {
   // parts of them.
   std::function<void(int64_t step, int rank, const std::vector<at::Tensor>& gradients)>
       after_gradients;
+  // After step `step`'s loss is averaged over the ranks, with that loss (a double scalar on the
+  // device), which the hook may change in place: a loss spike.
+  std::function<void(int64_t step, const at::Tensor& loss)> after_loss;
   // At each moment of a checkpoint save (save_moment.h), on the thread that writes it: a hook that
   // throws fails the save, one that kills the process leaves the run directory as that moment has
   // it.

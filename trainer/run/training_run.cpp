@@ -64,7 +64,12 @@ struct StepValues {
   double loss;
   double grad_norm;
   double seconds_per_step;
+  bool skipped;       // non-finite, or a loss spike
+  double loss_level;  // the spike guard's, that the step was judged by
 };
+
+// What read_steps reads of each step: its loss, gradient norm, skip flag and spike-guard level.
+constexpr size_t kValuesPerStep = 4;
 
 // Whether this process's parent is an mpirun (Open MPI's, or another's by its name): the process
 // that stops every rank at once. Under srun, or on a node of its own, the parent is another.
@@ -167,6 +172,7 @@ class TrainingRun {
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Loader> loader_;
+  std::optional<SpikeGuard> spike_guard_;  // its level starts at the checkpoint's
   std::optional<StepParts> step_parts_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<StepProfiler> profiler_;       // rank 0's
@@ -352,9 +358,10 @@ void TrainingRun::restore_state(const std::string& resume) {
   schedule_.emplace(config_.train, progress_.step);
 }
 
-// Needs the restored progress (the loader starts at the samples consumed) and the schedule: the
-// loader, and what the step works with.
+// Needs the restored progress (the loader starts at the samples consumed, the spike guard at its
+// level) and the schedule: the loader, and what the step works with.
 void TrainingRun::start_data() {
+  spike_guard_.emplace(config_.train.spike_guard, progress_.loss_level, device_);
   loader_ = std::make_unique<Loader>(
       train_windows_, Sampler(train_windows_.num_windows(), config_.data.seed, layout_),
       world_.rank, progress_.samples_consumed, config_.data.prefetch, device_.is_cuda());
@@ -362,6 +369,7 @@ void TrainingRun::start_data() {
                                 .loader = *loader_,
                                 .optimizer = *optimizer_,
                                 .communicator = *communicator_,
+                                .spike_guard = *spike_guard_,
                                 .optim = config_.optim,
                                 .max_steps = schedule_->max_steps(),
                                 .grad_accum = layout_.grad_accum,
@@ -536,6 +544,8 @@ StepValues TrainingRun::read_steps() {
   for (const StepResult& result : unread_) {
     device_values.push_back(result.loss);
     device_values.push_back(result.grad_norm.to(at::kDouble));
+    device_values.push_back(result.skipped.to(at::kDouble));
+    device_values.push_back(result.loss_level);
   }
   const at::Tensor values = read_to_host(at::stack(device_values));
   const double seconds = seconds_since(unread_since_);
@@ -547,33 +557,47 @@ StepValues TrainingRun::read_steps() {
   }
   StepValues last{};
   for (size_t i = 0; i < steps.size(); ++i) {
-    last = {value[2 * i], value[2 * i + 1], seconds / static_cast<double>(steps.size())};
-    if (std::isfinite(last.loss) && std::isfinite(last.grad_norm)) {
-      bad_steps_in_a_row_ = 0;
-    } else {
+    const double* step_values = value + kValuesPerStep * i;
+    last = {.loss = step_values[0],
+            .grad_norm = step_values[1],
+            .seconds_per_step = seconds / static_cast<double>(steps.size()),
+            .skipped = step_values[2] != 0.0,
+            .loss_level = step_values[3]};
+    if (last.skipped) {
       count_skipped_step(steps[i].step, last);
+    } else {
+      bad_steps_in_a_row_ = 0;
     }
   }
   return last;
 }
 
-// train.max_bad_steps non-finite steps in a row stop the run: the data or the settings are bad.
+// A skipped step: its loss or gradient went non-finite, or its loss spiked. train.max_bad_steps
+// in a row stop the run: the data or the settings are bad.
 void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
   ++bad_steps_in_a_row_;
-  spdlog::warn(
-      "step {}: non-finite loss {} or gradient norm {}: update skipped ({} in a row, "
-      "train.max_bad_steps = {})",
-      step, values.loss, values.grad_norm, bad_steps_in_a_row_, config_.train.max_bad_steps);
+  const bool spike = std::isfinite(values.loss) && std::isfinite(values.grad_norm);
+  const std::string what =
+      spike ? fmt::format(
+                  "loss {:.4f} is {:.1f} times its running level {:.4f} (train.spike_guard "
+                  "= {:g})",
+                  values.loss, values.loss / values.loss_level, values.loss_level,
+                  config_.train.spike_guard)
+            : fmt::format("non-finite loss {} or gradient norm {}", values.loss, values.grad_norm);
+  spdlog::warn("step {}: {}: update skipped ({} in a row, train.max_bad_steps = {})", step, what,
+               bad_steps_in_a_row_, config_.train.max_bad_steps);
   if (leader_)
     metrics_->write({{"step", step},
-                     {"skipped", true},
+                     {"skipped", spike ? "loss spike" : "non-finite"},
                      {"loss", values.loss},
-                     {"grad_norm", values.grad_norm}});
+                     {"grad_norm", values.grad_norm},
+                     {"loss_level", values.loss_level}});
   if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
   settle_checkpoint_write();
   const auto latest = checkpoints_.latest();
   throw std::runtime_error(fmt::format(
-      "{} non-finite steps in a row: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
+      "{} {} steps in a row{}: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
+      spike ? "skipped" : "non-finite", spike ? " (the last a loss spike)" : "",
       latest ? latest->string() : "none (no checkpoint was saved yet)"));
 }
 
@@ -647,6 +671,7 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
+  progress_.loss_level = spike_guard_->level();
   // Every rank takes part in gathering a sharded state; rank 0 gets it.
   OptimizerState optimizer_state = optimizer_->state();
   std::optional<std::filesystem::path> path;
