@@ -13,6 +13,7 @@
 #include "dist/mpi_polling.h"
 #include "dist/nccl_communicator.h"
 #include "dist/rendezvous_store.h"
+#include "dist/summed_work.h"
 
 namespace mltrain {
 namespace {
@@ -121,32 +122,6 @@ void sum_bf16(void* in, void* inout, int* length, MPI_Datatype*) {
     b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
-// A non-blocking MPI collective: its wait() polls until dist.timeout_s, then divides `average`
-// (when given) by the number of ranks, as MPI sums.
-class MpiWork : public CollectiveWork {
- public:
-  MpiWork(MPI_Request request, std::string name, double timeout_s, at::Tensor average,
-          int world_size, std::vector<at::Tensor> in_flight)
-      : request_(request),
-        name_(std::move(name)),
-        timeout_s_(timeout_s),
-        average_(std::move(average)),
-        world_size_(world_size),
-        in_flight_(std::move(in_flight)) {}
-  void wait() override {
-    wait_for(request_, timeout_s_, name_);
-    if (average_.defined()) average_.div_(world_size_);
-  }
-
- private:
-  MPI_Request request_;
-  std::string name_;
-  double timeout_s_;
-  at::Tensor average_;
-  int world_size_;
-  std::vector<at::Tensor> in_flight_;  // kept alive until the operation is done
-};
-
 void check_mpi_tensor(const at::Tensor& tensor, const char* collective) {
   if (!tensor.is_cpu() || !tensor.is_contiguous())
     throw std::invalid_argument(fmt::format("MPI {} needs a contiguous CPU tensor", collective));
@@ -182,8 +157,7 @@ class MpiCommunicator : public Communicator {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
                              type_of(tensor), sum_of(tensor), MPI_COMM_WORLD, &request),
               "MPI_Iallreduce");
-    return std::make_unique<MpiWork>(request, collective_name("all-reduce", tensor), timeout_s_,
-                                     tensor, world_.size, std::vector<at::Tensor>{});
+    return started(request, collective_name("all-reduce", tensor), tensor, {});
   }
 
   std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
@@ -197,8 +171,7 @@ class MpiCommunicator : public Communicator {
                                         static_cast<int>(output.numel()), type_of(input),
                                         sum_of(input), MPI_COMM_WORLD, &request),
               "MPI_Ireduce_scatter_block");
-    return std::make_unique<MpiWork>(request, collective_name("reduce-scatter", input), timeout_s_,
-                                     output, world_.size, std::vector<at::Tensor>{input});
+    return started(request, collective_name("reduce-scatter", input), output, {input});
   }
 
   std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t) override {
@@ -208,8 +181,7 @@ class MpiCommunicator : public Communicator {
                              static_cast<int>(part_numel(tensor, world_.size)), type_of(tensor),
                              MPI_COMM_WORLD, &request),
               "MPI_Iallgather");
-    return std::make_unique<MpiWork>(request, collective_name("all-gather", tensor), timeout_s_,
-                                     at::Tensor(), world_.size, std::vector<at::Tensor>{tensor});
+    return started(request, collective_name("all-gather", tensor), at::Tensor(), {tensor});
   }
 
   std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
@@ -219,11 +191,20 @@ class MpiCommunicator : public Communicator {
     check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), type_of(tensor), root,
                          MPI_COMM_WORLD, &request),
               "MPI_Ibcast");
-    return std::make_unique<MpiWork>(request, collective_name("broadcast", tensor), timeout_s_,
-                                     at::Tensor(), world_.size, std::vector<at::Tensor>{tensor});
+    return started(request, collective_name("broadcast", tensor), at::Tensor(), {tensor});
   }
 
  private:
+  // MPI's non-blocking collective `request`, named `name`: its wait polls until dist.timeout_s.
+  std::unique_ptr<CollectiveWork> started(MPI_Request request, std::string name, at::Tensor average,
+                                          std::vector<at::Tensor> in_flight) const {
+    return std::make_unique<SummedWork>(
+        [request, name = std::move(name), timeout_s = timeout_s_]() mutable {
+          wait_for(request, timeout_s, name);
+        },
+        std::move(average), world_.size, std::move(in_flight));
+  }
+
   MPI_Datatype type_of(const at::Tensor& tensor) const {
     return tensor.scalar_type() == at::kBFloat16 ? bf16_type_ : mpi_type(tensor);
   }

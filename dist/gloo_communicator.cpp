@@ -9,43 +9,10 @@
 #include <stdexcept>
 #include <utility>
 
+#include "dist/summed_work.h"
+
 namespace mltrain {
 namespace {
-
-// One Gloo operation in flight; its wait() rethrows a failure or a timeout naming the collective,
-// then divides `average` (when given) by the number of ranks, as Gloo sums.
-class GlooWork : public CollectiveWork {
- public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string name, double timeout_s,
-           at::Tensor average, int world_size, std::vector<at::Tensor> in_flight)
-      : work_(std::move(work)),
-        name_(std::move(name)),
-        timeout_s_(timeout_s),
-        average_(std::move(average)),
-        world_size_(world_size),
-        in_flight_(std::move(in_flight)) {}
-
-  void wait() override {
-    try {
-      work_->wait();
-    } catch (const std::exception& error) {
-      const std::string what = error.what();
-      throw std::runtime_error(fmt::format(
-          "{} failed or did not finish within dist.timeout_s = {} s (a rank is behind, stopped or "
-          "gone): {}",
-          name_, timeout_s_, what.substr(0, what.find('\n'))));
-    }
-    if (average_.defined()) average_.div_(world_size_);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string name_;
-  double timeout_s_;
-  at::Tensor average_;
-  int world_size_;
-  std::vector<at::Tensor> in_flight_;  // kept alive until the operation is done
-};
 
 class GlooSum : public PendingSum {
  public:
@@ -132,10 +99,22 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  // Gloo's operation `work`, named `name`: its wait rethrows a failure or a timeout naming it.
   std::unique_ptr<CollectiveWork> started(c10::intrusive_ptr<c10d::Work> work, std::string name,
                                           at::Tensor average, std::vector<at::Tensor> in_flight) {
-    return std::make_unique<GlooWork>(std::move(work), std::move(name), timeout_s_,
-                                      std::move(average), world_.size, std::move(in_flight));
+    return std::make_unique<SummedWork>(
+        [work = std::move(work), name = std::move(name), timeout_s = timeout_s_] {
+          try {
+            work->wait();
+          } catch (const std::exception& error) {
+            const std::string what = error.what();
+            throw std::runtime_error(fmt::format(
+                "{} failed or did not finish within dist.timeout_s = {} s (a rank is behind, "
+                "stopped or gone): {}",
+                name, timeout_s, what.substr(0, what.find('\n'))));
+          }
+        },
+        std::move(average), world_.size, std::move(in_flight));
   }
 
   World world_;

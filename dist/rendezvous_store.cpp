@@ -30,12 +30,22 @@ std::string environment_text(const std::string& name) {
 // Whether torchrun's agent serves the store its ranks meet at (TORCHELASTIC_USE_AGENT_STORE).
 bool served_by_torchrun() { return environment_text("TORCHELASTIC_USE_AGENT_STORE") == "True"; }
 
-// A FileStore's file goes into a directory that must be there and writable: that is the user's to
-// fix (exit 2), where the store itself would fail later with a message of its own. Checked with
-// access(), not by making a file: ranks that share the directory would race for its name.
-void check_store_directory(const std::string& rendezvous) {
-  const std::filesystem::path directory =
-      std::filesystem::absolute(rendezvous.substr(kFilePrefix.size())).parent_path();
+// A FileStore's file is a regular file (or none yet) in a directory that must be there and
+// writable: that is the user's to fix (exit 2), where the store itself would fail later with a
+// message of its own. Checked with access(), not by making a file: ranks that share the directory
+// would race for its name.
+void check_store_file(const std::string& rendezvous) {
+  const std::filesystem::path file =
+      std::filesystem::absolute(rendezvous.substr(kFilePrefix.size()));
+  const std::filesystem::path directory = file.parent_path();
+  std::error_code missing;
+  const std::filesystem::file_status status = std::filesystem::status(file, missing);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw UserError(fmt::format(
+        "dist.rendezvous {}: {} is not a file (a directory, a pipe or a device): name a file for "
+        "the store, new for each run",
+        rendezvous, file.string()));
+  }
   std::string why;
   if (!std::filesystem::is_directory(directory)) {
     why = "no such directory";
@@ -56,7 +66,7 @@ c10::intrusive_ptr<c10d::Store> connect_rendezvous(const World& world,
                                                    const std::string& rendezvous,
                                                    double timeout_s) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
-  if (rendezvous.starts_with(kFilePrefix)) check_store_directory(rendezvous);
+  if (rendezvous.starts_with(kFilePrefix)) check_store_file(rendezvous);
   std::string where;
   try {
     c10::intrusive_ptr<c10d::Store> store;

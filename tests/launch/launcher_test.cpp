@@ -158,23 +158,32 @@ TEST(Launchers, ARendezvousThatIsNeitherTcpNorAFileIsExitTwo) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 
-// A file store in a directory that is not there, or that no rank may write: exit 2 naming it,
-// before the run directory is made.
+// A file store in a directory that is not there, or that no rank may write, or in place of
+// something that is no file: exit 2 naming it, before the run directory is made.
 TEST(Launchers, AFileRendezvousWhereNoFileCanBeMadeIsExitTwo) {
   TemporaryDirectory dir;
   testing::write_text(dir / "a_file", "");
-  for (const std::string& place :
-       {(dir / "missing" / "store").string(), (dir / "a_file" / "store").string(),
-        std::string("/proc/self/store")}) {
+  const auto no_directory = [](const std::filesystem::path& place) {
+    return fmt::format("cannot make the store's file in {}", place.parent_path().string());
+  };
+  const auto no_file = [](const std::filesystem::path& place) {
+    return fmt::format("{} is not a file", place.string());
+  };
+  const std::vector<std::pair<std::filesystem::path, std::string>> cases = {
+      {dir / "missing" / "store", no_directory(dir / "missing" / "store")},
+      {dir / "a_file" / "store", no_directory(dir / "a_file" / "store")},
+      {"/proc/self/store", no_directory("/proc/self/store")},
+      {dir.path(), no_file(dir.path())},
+      {"/dev/null", no_file("/dev/null")},
+  };
+  for (const auto& [place, message] : cases) {
     const auto refused = run_command(fmt::format(
         "SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NODELIST=localhost timeout 60 {} {} "
         "--set dist.rendezvous=file:{}",
-        kMltrain, arguments(dir, 2, "run"), place));
+        kMltrain, arguments(dir, 2, "run"), place.string()));
     EXPECT_EQ(refused.exit_code, kExitUserError) << place << "\n" << refused.output;
     EXPECT_CONTAINS(refused.output,
-                    fmt::format("dist.rendezvous file:{}: cannot make the store's "
-                                "file in {}",
-                                place, std::filesystem::path(place).parent_path().string()));
+                    fmt::format("dist.rendezvous file:{}: {}", place.string(), message));
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
