@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <utility>
 
 namespace mltrain {
 
@@ -46,8 +47,8 @@ void Loader::produce() {
             lock, [this] { return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_; });
         if (stopping_) return;
       }
-      MicroBatch batch{gather_windows(
-          windows_, sampler_.windows(next_step_start_, next_micro_step_, rank_), pin_memory_)};
+      std::vector<int64_t> indices = sampler_.windows(next_step_start_, next_micro_step_, rank_);
+      MicroBatch batch{gather_windows(windows_, indices, pin_memory_), std::move(indices)};
       if (++next_micro_step_ == sampler_.layout().grad_accum) {
         next_micro_step_ = 0;
         next_step_start_ += sampler_.layout().global_batch();

@@ -7,6 +7,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "data/sampler.h"
 #include "data/token_windows.h"
@@ -14,9 +15,10 @@
 namespace mltrain {
 
 // One micro-batch of windows: tokens [micro_batch, seq_len + 1] (int64); the model reads
-// tokens[:, :-1] and predicts tokens[:, 1:].
+// tokens[:, :-1] and predicts tokens[:, 1:]; `windows` are the indices of its rows' windows.
 struct MicroBatch {
   at::Tensor tokens;
+  std::vector<int64_t> windows;
 };
 
 // Gathers this rank's micro-batches on a background thread, in training order from `start_sample`

@@ -27,6 +27,7 @@ TEST(Loader, DeliversTheSamplersWindowsInTrainingOrder) {
       const MicroBatch batch = loader.next();
       const auto indices = reference.windows(step * layout.global_batch(), micro, 1);
       ASSERT_EQ(batch.tokens.sizes(), (std::vector<int64_t>{3, 17}));
+      EXPECT_EQ(batch.windows, indices);
       for (int64_t row = 0; row < 3; ++row) {
         // Window w of a counting shard holds 16 w, 16 w + 1, ..., 16 w + 16.
         EXPECT_TRUE(

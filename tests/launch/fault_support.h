@@ -45,6 +45,13 @@ inline std::string mpirun(int ranks) {
          std::string(MLTRAIN_MPIEXEC) + " " + std::to_string(ranks);
 }
 
+// mltrain_faults on `ranks` CPU ranks of mpirun, each with MLTRAIN_FAULT=fault.
+inline std::string mpirun_with_fault(int ranks, const std::string& fault,
+                                     const std::string& arguments) {
+  return mpirun(ranks) + " -x MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) +
+         "/mltrain_faults " + arguments;
+}
+
 inline int64_t last_logged_step(const std::filesystem::path& metrics) {
   int64_t step = 0;
   std::ifstream in(metrics);

@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "common/error.h"
@@ -163,7 +165,7 @@ TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
 
 // A loss spike (10 times the step's loss, injected) is not applied: the weights and the AdamW
 // moments after it are those before it, the log and metrics.jsonl say so, and the steps after it
-// train on. Spikes in a row stop the run as non-finite steps do.
+// train on. Spikes that go on after a rollback stop the run.
 TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
   TemporaryDirectory dir;
   const std::string config =
@@ -197,12 +199,95 @@ TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
   }
   EXPECT_TRUE(recorded);
 
-  const auto spiking = run_command(mltrain_with_fault(
-      "spike-loss:4-100", config + " --set train.run_dir=" + (dir / "spiking").string()));
+  const auto spiking =
+      run_command(mltrain_with_fault("spike-loss:4-100", config +
+                                                             " --set train.max_steps=20 --set "
+                                                             "train.run_dir=" +
+                                                             (dir / "spiking").string()));
   EXPECT_EQ(spiking.exit_code, kExitRuntimeFailure) << spiking.output;
   EXPECT_CONTAINS(spiking.output,
-                  "3 skipped steps in a row (the last a loss spike): stopping; the last good "
+                  "step 6: 3 skipped steps in a row (the last a loss spike): rolled back to");
+  EXPECT_CONTAINS(spiking.output,
+                  "step 8: 3 skipped steps in a row (the last a loss spike) again since the "
+                  "rollback to step_00000005, no step applied: stopping; the last good "
                   "checkpoint is");
+}
+
+// The windows of each micro-batch that rank 0 read, from mltrain_faults' print-windows lines, in
+// the order it read them: (its step, its windows).
+std::vector<std::pair<int64_t, std::string>> windows_read(const std::string& output) {
+  std::vector<std::pair<int64_t, std::string>> batches;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    int64_t step = 0;
+    int rank = 0;
+    char windows[4096] = {};
+    if (std::sscanf(line.c_str(), "windows %ld %d: %4095s", &step, &rank, windows) != 3 ||
+        rank != 0)
+      continue;
+    batches.emplace_back(step, windows);
+  }
+  return batches;
+}
+
+// train.max_bad_steps loss spikes in a row (injected at steps 5 to 7, the first time they train)
+// roll the run back to its last checkpoint (step 6's, saved after two skipped steps), and the run
+// trains on past the samples it read since: the step that follows reads the windows that an
+// unbroken run reads one step later, and so on to the end.
+TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
+  TemporaryDirectory dir;
+  const std::string config =
+      write_config(dir, 10) +
+      " --set train.ckpt_every=2 --set train.keep_last=10 --set train.max_bad_steps=3";
+  const auto unbroken = run_command(mltrain_with_fault(
+      "print-windows",
+      config + " --set train.max_steps=11 --set train.run_dir=" + (dir / "unbroken").string()));
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  const auto run = run_command(mltrain_with_fault("spike-loss-once:5-7,print-windows", config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output,
+                  "step 7: 3 skipped steps in a row (the last a loss spike): rolled back to");
+
+  // The tiny run takes 2 micro-batches a step: the unbroken run reads 11 steps' worth, the
+  // other steps 1 to 7, then 7 to 10 again.
+  const auto expected = windows_read(unbroken.output);
+  const auto read = windows_read(run.output);
+  ASSERT_EQ(expected.size(), 22u) << unbroken.output;
+  ASSERT_EQ(read.size(), 22u) << run.output;
+  for (size_t i = 0; i < read.size(); ++i) {
+    const auto unbroken_step = static_cast<int64_t>(i / 2 + 1);
+    EXPECT_EQ(read[i].first, i < 14 ? unbroken_step : unbroken_step - 1) << "batch " << i;
+    EXPECT_EQ(read[i].second, expected[i].second)
+        << "batch " << i << " reads what the unbroken run's step " << unbroken_step << " reads";
+  }
+
+  bool recorded = false;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("event", "") != "rollback") continue;
+    recorded = true;
+    EXPECT_EQ(record["step"], 7);
+    EXPECT_EQ(record["to_step"], 6);
+    EXPECT_GT(record["samples_left_out"].get<int64_t>(), 0);
+  }
+  EXPECT_TRUE(recorded);
+
+  // Two ranks sharing the global batch, their optimizer state sharded, roll back together: they
+  // end with the weights of the one rank.
+  const auto two_ranks = run_command(
+      testing::mpirun_with_fault(2, "spike-loss-once:5-7",
+                                 config +
+                                     " --set data.micro_batch=4 --set dist.zero_stage=1 --set "
+                                     "train.run_dir=" +
+                                     (dir / "two_ranks").string()));
+  ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
+  const std::filesystem::path last = std::filesystem::path("checkpoints") / "step_00000010";
+  const NamedTensors one_rank_weights = load_safetensors(dir / "run" / last / "model.safetensors");
+  const NamedTensors two_rank_weights =
+      load_safetensors(dir / "two_ranks" / last / "model.safetensors");
+  for (const auto& [name, tensor] : one_rank_weights)
+    EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor), 1e-5) << name;
 }
 
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
@@ -222,10 +307,10 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
       mltrain_with_fault("nonfinite-gradients:4-101",
                          config + " --set train.run_dir=" + (dir / "diverging").string()));
   EXPECT_EQ(diverging.exit_code, kExitRuntimeFailure);
+  EXPECT_CONTAINS(diverging.output, "step 6: 3 non-finite steps in a row: rolled back to");
   EXPECT_CONTAINS(diverging.output,
-                  "3 non-finite steps in a row: stopping; the last good checkpoint is");
-  EXPECT_CONTAINS(diverging.output,
-                  "step_00000004");  // skipped steps leave the weights as they were
+                  "step 7: 3 non-finite steps in a row again since the rollback to "
+                  "step_00000004, no step applied: stopping; the last good checkpoint is");
 }
 
 }  // namespace

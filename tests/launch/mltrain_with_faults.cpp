@@ -14,6 +14,10 @@
 //   nonfinite-gradients:A-B  the gradients of steps A..B (counted from 1) are NaN
 //   spike-loss:A-B           the averaged loss of steps A..B is 10 times what it was (their
 //                            gradients are left alone)
+//   spike-loss-once:A-B      as spike-loss:A-B, the first time each of the steps trains only: after
+//                            a rollback the same steps read other samples, and train normally
+//   print-windows            each micro-batch prints "windows S R: I,J,..." on stderr: its step,
+//                            its rank and the indices of the training windows it reads
 //   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
 //                            for an hour in step 3 (its other threads run on)
@@ -24,6 +28,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 
@@ -32,6 +37,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -98,6 +104,7 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
   const std::string kill_during_checkpoint = "kill-during-checkpoint";
   const std::string nonfinite = "nonfinite-gradients:";
   const std::string spike = "spike-loss:";
+  const std::string spike_once = "spike-loss-once:";
   const std::string forbid_sync = "forbid-host-sync:";
   const std::string kill_rank = "kill-rank:";
   const std::string hang_rank = "hang-rank:";
@@ -122,6 +129,16 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
       const auto [first, last] = step_range(fault.substr(spike.size()));
       hooks.after_loss = [first, last](int64_t step, const at::Tensor& loss) {
         if (step >= first && step <= last) loss.mul_(10);
+      };
+    } else if (fault.starts_with(spike_once)) {
+      const auto [first, last] = step_range(fault.substr(spike_once.size()));
+      hooks.after_loss = [first, last, trained = std::set<int64_t>()](
+                             int64_t step, const at::Tensor& loss) mutable {
+        if (step >= first && step <= last && trained.insert(step).second) loss.mul_(10);
+      };
+    } else if (fault == "print-windows") {
+      hooks.read_windows = [](int64_t step, int rank, const std::vector<int64_t>& windows) {
+        fmt::print(stderr, "windows {} {}: {}\n", step, rank, fmt::join(windows, ","));
       };
     } else if (fault.starts_with(nonfinite)) {
       const auto [first, last] = step_range(fault.substr(nonfinite.size()));

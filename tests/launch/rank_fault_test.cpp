@@ -17,6 +17,7 @@ namespace mltrain {
 namespace {
 
 using testing::mpirun;
+using testing::mpirun_with_fault;
 using testing::run_command;
 using testing::TemporaryDirectory;
 using testing::write_config;
@@ -25,18 +26,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string mltrain_faults(const std::string& fault, const std::string& arguments) {
-  return "-x MLTRAIN_FAULT=" + fault + " " + std::string(MLTRAIN_BIN_DIR) + "/mltrain_faults " +
-         arguments;
-}
-
 // The survivors do not wait for a dead rank; Open MPI then signals them (SIGTERM, then SIGKILL):
 // they may not say that they will checkpoint, which they cannot.
 TEST(RankFaults, ARankThatDiesStopsTheOthers) {
   TemporaryDirectory dir;
   const auto start = std::chrono::steady_clock::now();
-  const auto run =
-      run_command(mpirun(2) + " " + mltrain_faults("kill-rank:1", write_config(dir, 1000000)));
+  const auto run = run_command(mpirun_with_fault(2, "kill-rank:1", write_config(dir, 1000000)));
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_LT(seconds_since(start), 60.0) << "the surviving rank must not wait for the dead one";
   EXPECT_EQ(run.output.find("checkpointing after this step"), std::string::npos) << run.output;
@@ -71,9 +66,8 @@ TEST(RankFaults, ARankThatHangsEndsTheRunWithinTheTimeout) {
     TemporaryDirectory dir;
     const std::string log = (dir / "log.txt").string();
     testing::BackgroundProcess run(
-        mpirun(2) + " " +
-            mltrain_faults(fmt::format("hang-rank:{}", hung),
-                           write_config(dir, 1000000) + " --set dist.timeout_s=10"),
+        mpirun_with_fault(2, fmt::format("hang-rank:{}", hung),
+                          write_config(dir, 1000000) + " --set dist.timeout_s=10"),
         log);
     const std::string hangs = fmt::format("rank {} hangs", hung);
     testing::wait_until([&] { return testing::read_text(log).find(hangs) != std::string::npos; });
@@ -99,8 +93,7 @@ TEST(RankFaults, AStoppedRankIsNamedWithTheCollectiveTheOthersWaitedIn) {
   const std::string log = (dir / "log.txt").string();
   const auto start = std::chrono::steady_clock::now();
   testing::BackgroundProcess run(
-      mpirun(3) + " " +
-          mltrain_faults("stop-rank:1", write_config(dir, 1000000) + " --set dist.timeout_s=4"),
+      mpirun_with_fault(3, "stop-rank:1", write_config(dir, 1000000) + " --set dist.timeout_s=4"),
       log);
   const int exit_code = run.wait(std::chrono::seconds(120));
   const std::string output = testing::read_text(log);

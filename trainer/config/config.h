@@ -72,7 +72,9 @@ namespace mltrain {
       "max_steps)",                                                                              \
       at_least(0))                                                                               \
   KEY(S, int64_t, max_bad_steps, 5,                                                              \
-      "skipped steps in a row (non-finite, or loss spikes) before the run stops", at_least(1))   \
+      "skipped steps in a row (non-finite, or loss spikes) before the run rolls back to its "    \
+      "last checkpoint",                                                                         \
+      at_least(1))                                                                               \
   KEY(S, double, spike_guard, 2.0,                                                               \
       "skip a step whose loss exceeds this many times the running level of the steps before "    \
       "(0: off)",                                                                                \

@@ -39,7 +39,8 @@ struct Curves {
 };
 
 // The curves of the latest run. A run starting at step 0 replaces what came before; a resumed run
-// (starting at step s) replaces the points after s, which the interrupted run may have logged.
+// (starting at step s) replaces the points after s, which the interrupted run may have logged, as
+// does a rollback to step s.
 Curves read_curves(const std::filesystem::path& metrics) {
   Curves curves;
   std::istringstream lines(read_text_file(metrics, "metrics file", kMaxMetricsBytes));
@@ -61,9 +62,11 @@ Curves read_curves(const std::filesystem::path& metrics) {
       const auto value = record.find(key);
       return value != record.end() && value->is_number() ? value->get<double>() : NAN;
     };
-    if (event != record.end() && *event == "start") {
+    if (event != record.end() && (*event == "start" || *event == "rollback")) {
+      // A rollback trains the steps after its checkpoint's again, as a resumed run does.
+      const double from = *event == "rollback" ? number_of("to_step") : static_cast<double>(at);
       for (Points* points : {&curves.train, &curves.val})
-        std::erase_if(*points, [at](const auto& point) { return point.first > at; });
+        std::erase_if(*points, [from](const auto& point) { return point.first > from; });
     } else if (record.contains("loss") && !record.contains("skipped")) {
       if (const double loss = number_of("loss"); std::isfinite(loss))
         curves.train.emplace_back(at, loss);

@@ -33,9 +33,11 @@ at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad
 
 namespace {
 
-at::Tensor next_window(const StepParts& parts) {
+at::Tensor next_window(const StepParts& parts, int64_t step) {
   RECORD_USER_SCOPE("mltrain::data");
-  return parts.loader.next().tokens.to(parts.device, /*non_blocking=*/true);
+  const MicroBatch batch = parts.loader.next();
+  if (parts.hooks.read_windows) parts.hooks.read_windows(step, parts.rank, batch.windows);
+  return batch.tokens.to(parts.device, /*non_blocking=*/true);
 }
 
 // The gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and the loss,
@@ -79,7 +81,7 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
-    loss += forward_backward(parts.model, next_window(parts), parts.grad_accum, parts.device,
+    loss += forward_backward(parts.model, next_window(parts, step), parts.grad_accum, parts.device,
                              parts.bf16);
   }
 

@@ -14,6 +14,9 @@ namespace mltrain {
 // diverging run or a dead rank leave behind. A default-constructed TrainingHooks does nothing,
 // and the shipped binaries never set one.
 struct TrainingHooks {
+  // As step `step` (counted from 1) takes a micro-batch, with the indices of the training windows
+  // that this rank reads in it.
+  std::function<void(int64_t step, int rank, const std::vector<int64_t>& windows)> read_windows;
   // After step `step` (counted from 1) has averaged its gradients, before they are clipped, with
   // the averaged gradients the update will read: every parameter's, or under ZeRO-1 this rank's
   // parts of them.

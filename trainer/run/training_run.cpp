@@ -143,8 +143,9 @@ class TrainingRun {
   void open_profiler();
   void announce();
   void record_step(const StepResult& result);
-  StepValues read_steps();
-  void count_skipped_step(int64_t step, const StepValues& values);
+  std::optional<StepValues> read_steps();
+  bool count_skipped_step(int64_t step, const StepValues& values);
+  void roll_back(int64_t step, const std::string& bad_steps);
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::optional<std::filesystem::path> save_checkpoint();
@@ -187,6 +188,8 @@ class TrainingRun {
   Clock::time_point unread_since_;  // when the first of the unread steps started
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
+  std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
+  bool applied_since_rollback_ = true;     // a step was applied since the last rollback, if any
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -497,8 +500,11 @@ void TrainingRun::run() {
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
       const StepResult result = unread_.back();
-      const StepValues values = read_steps();
-      if (schedule_->log_now(step)) log_step(result, values);
+      const std::optional<StepValues> values = read_steps();
+      // After a rollback the step is undone: a stop asked for meanwhile is still asked for, and
+      // stops the run after the next step, with its checkpoint.
+      if (!values) continue;
+      if (schedule_->log_now(step)) log_step(result, *values);
     }
     if (schedule_->evaluate_now(step)) evaluate_now(step);
     if (stopping) {
@@ -538,8 +544,9 @@ void TrainingRun::record_step(const StepResult& result) {
 }
 
 // Reads the losses and gradient norms of the steps not read yet, in one copy from the device, and
-// counts the skipped ones. Returns the last step's.
-StepValues TrainingRun::read_steps() {
+// counts the skipped ones. Returns the last step's, or nothing where the skipped steps made the
+// run roll back.
+std::optional<StepValues> TrainingRun::read_steps() {
   std::vector<at::Tensor> device_values;
   for (const StepResult& result : unread_) {
     device_values.push_back(result.loss);
@@ -564,17 +571,18 @@ StepValues TrainingRun::read_steps() {
             .skipped = step_values[2] != 0.0,
             .loss_level = step_values[3]};
     if (last.skipped) {
-      count_skipped_step(steps[i].step, last);
+      if (count_skipped_step(steps[i].step, last)) return std::nullopt;
     } else {
       bad_steps_in_a_row_ = 0;
+      applied_since_rollback_ = true;
     }
   }
   return last;
 }
 
-// A skipped step: its loss or gradient went non-finite, or its loss spiked. train.max_bad_steps
-// in a row stop the run: the data or the settings are bad.
-void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
+// A skipped step: its loss or gradient went non-finite, or its loss spiked. After
+// train.max_bad_steps in a row the run rolls back (roll_back()), and true is returned.
+bool TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
   ++bad_steps_in_a_row_;
   const bool spike = std::isfinite(values.loss) && std::isfinite(values.grad_norm);
   const std::string what =
@@ -592,13 +600,52 @@ void TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
                      {"loss", values.loss},
                      {"grad_norm", values.grad_norm},
                      {"loss_level", values.loss_level}});
-  if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return;
+  if (bad_steps_in_a_row_ < config_.train.max_bad_steps) return false;
+  roll_back(step,
+            fmt::format("{} {} steps in a row{}", bad_steps_in_a_row_,
+                        spike ? "skipped" : "non-finite", spike ? " (the last a loss spike)" : ""));
+  return true;
+}
+
+// After train.max_bad_steps skipped steps in a row (`bad_steps` says which), as of step `step`:
+// the weights, the moments and the spike guard's level go back to the last checkpoint, and the
+// run trains on from its step with the samples after those read so far, so that the samples
+// behind the bad steps are not read again (as Megatron and PaLM recover). Every rank does this
+// together: all read the same averaged losses. The run stops instead where there is no checkpoint
+// to go back to, or where no step was applied since the last rollback: then the settings are bad,
+// not a few samples.
+void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   settle_checkpoint_write();
-  const auto latest = checkpoints_.latest();
-  throw std::runtime_error(fmt::format(
-      "{} {} steps in a row{}: stopping; the last good checkpoint is {}", bad_steps_in_a_row_,
-      spike ? "skipped" : "non-finite", spike ? " (the last a loss spike)" : "",
-      latest ? latest->string() : "none (no checkpoint was saved yet)"));
+  communicator_->all_reduce_sum(0.0);  // no rank looks for the newest checkpoint before it is
+  const std::optional<std::filesystem::path> latest = checkpoints_.latest();
+  if (!latest || !applied_since_rollback_) {
+    throw std::runtime_error(fmt::format(
+        "step {}: {}{}: stopping; the last good checkpoint is {}", step, bad_steps,
+        applied_since_rollback_ ? ""
+                                : fmt::format(" again since the rollback to {}, no step applied",
+                                              rolled_back_to_->filename().string()),
+        latest ? latest->string() : "none (no checkpoint was saved yet)"));
+  }
+  const int64_t samples_read = progress_.samples_consumed;
+  step_parts_.reset();  // they refer to the loader
+  loader_.reset();
+  progress_ = *checkpoints_.resume(latest->string(), model_, *optimizer_, config_);
+  const int64_t samples_left_out = samples_read - progress_.samples_consumed;
+  progress_.samples_consumed = samples_read;
+  rolled_back_to_ = latest;
+  applied_since_rollback_ = false;
+  bad_steps_in_a_row_ = 0;
+  start_data();
+  spdlog::warn(
+      "step {}: {}: rolled back to {} (step {}); training goes on from there past the {} samples "
+      "read since, which are left out",
+      step, bad_steps, latest->string(), progress_.step, samples_left_out);
+  if (leader_)
+    metrics_->write({{"step", step},
+                     {"event", "rollback"},
+                     {"to_step", progress_.step},
+                     {"checkpoint", latest->string()},
+                     {"samples_left_out", samples_left_out}});
 }
 
 void TrainingRun::log_step(const StepResult& result, const StepValues& values) {

@@ -17,8 +17,10 @@ namespace mltrain {
 // Rank 0 logs progress every train.log_every steps, validates every train.eval_every steps and at
 // the end, appends to RUN_DIR/metrics.jsonl, writes the effective config to RUN_DIR/config.yaml,
 // checkpoints every train.ckpt_every steps, at the end, at train.stop_at and when SIGTERM, SIGINT
-// or SIGUSR1 asks any rank to stop, and draws RUN_DIR/loss.png. A non-finite step is skipped; after
-// train.max_bad_steps in a row the run stops with a runtime error.
+// or SIGUSR1 asks any rank to stop, and draws RUN_DIR/loss.png. A non-finite step or a loss spike
+// is skipped; after train.max_bad_steps in a row the run rolls back to its last checkpoint and
+// trains on past the samples behind them, or, with no checkpoint or no step applied since the last
+// rollback, stops with a runtime error.
 void train(const Config& config, const std::string& resume = "", const World& world = World(),
            const TrainingHooks& hooks = {});
 
