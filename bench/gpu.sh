@@ -3,8 +3,9 @@
 # the driver, a python3 with torch, CMake, ninja and nvcc, and nothing else of ours: it builds
 # mltrain against that torch and the Debian packages carried in bench/gpu-packages/ (made here by
 # bench/fetch_gpu_packages.sh), runs `ctest -L gpu`, trains configs/base.yaml for a few hundred
-# steps in bf16 through `mpirun -n 1` (so the NCCL path runs), and runs bench/train_throughput.sh
-# in bf16 and fp32. Every stage has its own time limit, so one that fails or hangs leaves the
+# steps in bf16 through `mpirun -n 1` (so the NCCL path runs), runs bench/train_throughput.sh
+# in bf16 and fp32, bench/checkpoint_pause.sh, and, as the budget allows, bench/time_to_loss.sh on
+# the base config (one seed, 240 steps). Every stage has its own time limit, so one that fails or hangs leaves the
 # others' results; $OUT/results.md sums them up and the raw logs lie beside it.
 #
 #   bash bench/gpu.sh                               # on the GPU machine, from any folder
@@ -41,23 +42,26 @@ case $device in
   cuda)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-540}
     declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_fp32]=180
-      [checkpoint_pause]=120)
+      [checkpoint_pause]=120 [time_to_loss]=240)
     python=${MLTRAIN_PYTHON:-$(command -v python3)}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-300}
     train_sets=(train.precision=bf16 dist.backend=nccl train.log_every=10)
     bench_args=(--model base --steps 20 --warmup 5 --reps 2)
     pause_args=(--reps 2 --steps 16 --every 5)
+    loss_args=(--config "$repo/configs/base.yaml" --seeds 1 --steps 240 --eval-every 20
+      --set optim.warmup_steps=24 --set train.eval_batches=8)
     ;;
   cpu)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-5400}
     declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_fp32]=900
-      [checkpoint_pause]=600)
+      [checkpoint_pause]=600 [time_to_loss]=900)
     python=${MLTRAIN_PYTHON:-${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-10}
     train_sets=(train.precision=fp32 dist.backend=mpi train.log_every=2
       data.seq_len=256 data.micro_batch=2 data.grad_accum=1)
     bench_args=(--model small --steps 3 --warmup 2 --reps 1)
     pause_args=(--reps 1 --steps 6 --every 2)
+    loss_args=(--seeds 1 --steps 20 --eval-every 10 --set optim.warmup_steps=2)
     ;;
   *) echo "MLTRAIN_GPU_CHECK_DEVICE is cuda or cpu, not $device" >&2; exit 2 ;;
 esac
@@ -254,6 +258,14 @@ checkpoint_pause() {
     "${pause_args[@]}" >"$work/checkpoint_pause.md"
 }
 
+# Muon against AdamW and the PyTorch reference to a target loss (issue 27): last, as what the
+# budget has left allows.
+time_to_loss() {
+  MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards \
+    bash "$repo/bench/time_to_loss.sh" --device "$device" --out "$OUT/time_to_loss" \
+    "${loss_args[@]}" >"$work/time_to_loss.md"
+}
+
 if [[ ${1:-} == --stage ]]; then
   "$2"
   exit
@@ -287,11 +299,15 @@ if ((built)); then
   if [[ -d $shards ]]; then
     stage checkpoint_pause checkpoint_pause.log checkpoint_pause
     [[ -s $work/checkpoint_pause.md ]] && section <"$work/checkpoint_pause.md"
+    stage time_to_loss time_to_loss.log time_to_loss
+    [[ -s $work/time_to_loss.md ]] && section <"$work/time_to_loss.md"
   else
-    not_run checkpoint_pause "no shards in $shards: run bench/fetch_gpu_packages.sh"
+    for name in checkpoint_pause time_to_loss; do
+      not_run "$name" "no shards in $shards: run bench/fetch_gpu_packages.sh"
+    done
   fi
 else
-  for name in ctest train bench_bf16 bench_fp32 checkpoint_pause; do
+  for name in ctest train bench_bf16 bench_fp32 checkpoint_pause time_to_loss; do
     not_run "$name" "the build failed"
   done
 fi

@@ -101,7 +101,12 @@ TEST(ClipByGlobalNorm, ThePartsOfEveryRankMakeOneNorm) {
   EXPECT_NEAR(part[0].item<double>(), (world.rank + 1) / (std::sqrt(squares) + 1e-6), 1e-6);
 }
 
-const DataParallelOptions zero1_options{.buckets = small_buckets, .zero1 = true, .adamw = {}};
+const DataParallelOptions zero1_options = [] {
+  DataParallelOptions options;
+  options.buckets = small_buckets;
+  options.zero1 = true;
+  return options;
+}();
 
 TEST(Zero1AdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";

@@ -10,6 +10,7 @@
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
+#include "trainer/optim/muon.h"
 #include "trainer/run/train_step.h"
 #include "trainer/run/training_run.h"
 
@@ -52,10 +53,14 @@ TEST(CudaStep, GradientsStayViewsIntoTheirBucketsAfterBackward) {
 // CUDA's sync debug mode makes every synchronising call (item(), a copy to the host, a stream
 // synchronisation) throw. It is switched on from the gradients of each step that neither logs
 // nor checkpoints up to the next step's gradients: the run fails if such a window synchronises.
-TEST(CudaStep, StepsThatDoNotLogNeverWaitForTheDevice) {
+// With each optimizer (optim.name).
+class CudaStepWith : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaStepWith, StepsThatDoNotLogNeverWaitForTheDevice) {
   SKIP_WITHOUT_CUDA();
   testing::TemporaryDirectory dir;
   Config config = testing::tiny_run(dir.path());
+  config.optim.name = GetParam();
   config.train.device = "cuda";
   config.train.precision = "bf16";
   config.train.max_steps = 12;
@@ -79,6 +84,32 @@ TEST(CudaStep, StepsThatDoNotLogNeverWaitForTheDevice) {
   EXPECT_NO_THROW(train(config, "", World(), hooks));
   sync_mode.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   EXPECT_EQ(checked_windows, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, CudaStepWith, ::testing::Values("adamw", "muon"));
+
+// Muon on CUDA runs its Newton-Schulz iterations in bf16: one step lands within bf16's precision
+// of the CPU's fp32 step.
+TEST(CudaStep, AMuonStepInBf16IsTheCpusFp32StepToBf16Precision) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(6);
+  const at::Tensor weight = at::randn({96, 40}) * 0.05;
+  const at::Tensor grad = at::randn({96, 40}) * 0.01;
+  std::vector<at::Tensor> stepped;
+  for (const c10::Device device : {c10::Device(c10::kCPU), c10::Device(c10::kCUDA, 0)}) {
+    // Copies: on the CPU, to() would hand back the tensors themselves, and the step change them.
+    at::Tensor matrix = weight.clone().to(device).requires_grad_(true);
+    matrix.mutable_grad() = grad.clone().to(device);
+    const at::Tensor momentum = at::zeros_like(matrix);
+    MuonUpdate update({});
+    update.add(matrix, momentum);
+    update.step(0.02, at::zeros({}, at::TensorOptions().device(device)));
+    stepped.push_back(matrix.detach().cpu());
+  }
+  const at::Tensor cpu_change = stepped[0] - weight;
+  const at::Tensor cuda_change = stepped[1] - weight;
+  EXPECT_GT(cpu_change.abs().max().item<double>(), 1e-4) << "the step moves the weight";
+  EXPECT_LE(testing::relative_error(cuda_change, cpu_change), 5e-2);
 }
 
 }  // namespace

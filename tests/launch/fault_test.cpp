@@ -139,6 +139,44 @@ TEST(Faults, KillDuringACheckpointWriteKeepsThePreviousOne) {
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006" / "state.json"));
 }
 
+// Muon's momentum is in the checkpoint: a Muon run killed (kill -9) while it saves, and resumed,
+// ends with the weights and the optimizer state of the unbroken run, bit for bit. A resume that
+// asks for another optimizer is refused in one line (exit 2), and changes nothing.
+TEST(Faults, AMuonRunKilledWhileSavingResumesBitwise) {
+  TemporaryDirectory dir;
+  const std::string config =
+      write_config(dir, 9) + " --set train.ckpt_every=3 --set optim.name=muon";
+  ASSERT_EQ(run_command(mltrain(config + " --set train.stop_at=3")).exit_code, 0);
+  const auto killed =
+      run_command(mltrain_with_fault("kill-during-checkpoint", config + " --resume auto"));
+  EXPECT_EQ(killed.exit_code, 128 + SIGKILL) << killed.output;
+  const auto resumed = run_command(mltrain(config + " --resume auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_CONTAINS(resumed.output, "optimizer: Muon");
+  const auto unbroken =
+      run_command(mltrain(config + " --set train.run_dir=" + (dir / "unbroken").string()));
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  const std::filesystem::path last = dir / "run" / "checkpoints" / "step_00000009";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    SCOPED_TRACE(file);
+    expect_same_weights(last / file, dir / "unbroken" / "checkpoints" / "step_00000009" / file);
+  }
+  EXPECT_TRUE(load_safetensors(last / "optimizer.safetensors")
+                  .contains("model.layers.0.self_attn.q_proj.weight.momentum"));
+
+  const std::string saved = testing::read_text(last / "optimizer.safetensors");
+  const auto other = run_command(
+      mltrain(config + " --resume auto --set train.max_steps=12 --set optim.name=adamw"));
+  EXPECT_EQ(other.exit_code, kExitUserError) << other.output;
+  EXPECT_CONTAINS(other.output,
+                  "the checkpoint holds the optimizer state of muon, and this run asks for adamw "
+                  "(optim.name): resume with --set optim.name=muon");
+  EXPECT_EQ(other.output.find("is intact"), std::string::npos)
+      << "an older checkpoint holds the same optimizer's state: it is no way out";
+  EXPECT_EQ(testing::read_text(dir / "run" / "checkpoints" / "latest"), "step_00000009\n");
+  EXPECT_EQ(testing::read_text(last / "optimizer.safetensors"), saved);
+}
+
 TEST(Faults, FailingCheckpointWriteExitsOneAndKeepsThePreviousOne) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 6) + " --set train.ckpt_every=3";
@@ -163,41 +201,47 @@ TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
       std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000006" / "state.json"));
 }
 
-// A loss spike (10 times the step's loss, injected) is not applied: the weights and the AdamW
-// moments after it are those before it, the log and metrics.jsonl say so, and the steps after it
-// train on. Spikes that go on after a rollback stop the run.
+// A loss spike (10 times the step's loss, injected) is not applied, with either optimizer: the
+// weights and the optimizer's state after it are those before it, the log and metrics.jsonl say
+// so, and the steps after it train on. Spikes that go on after a rollback stop the run.
 TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
   TemporaryDirectory dir;
   const std::string config =
       write_config(dir, 7) +
       " --set train.ckpt_every=1 --set train.keep_last=10 --set train.max_bad_steps=3";
-  const auto run = run_command(mltrain_with_fault("spike-loss:5-5", config));
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_CONTAINS(run.output, "step 5: loss ");
-  EXPECT_CONTAINS(run.output, "times its running level");
-  EXPECT_CONTAINS(run.output, "(train.spike_guard = 2): update skipped (1 in a row");
-  EXPECT_EQ(run.output.find("step 4: loss"), std::string::npos) << run.output;
-  const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const NamedTensors before = load_safetensors(checkpoints / "step_00000004" / file);
-    const NamedTensors after = load_safetensors(checkpoints / "step_00000005" / file);
-    ASSERT_EQ(before.size(), after.size());
-    for (const auto& [name, tensor] : before)
-      EXPECT_TRUE(at::equal(tensor, after.at(name))) << file << ": " << name;
-    const NamedTensors trained = load_safetensors(checkpoints / "step_00000006" / file);
-    EXPECT_FALSE(at::equal(after.begin()->second, trained.at(after.begin()->first)))
-        << "the step after the spike trains";
+  for (const std::string optimizer : {"adamw", "muon"}) {
+    SCOPED_TRACE(optimizer);
+    const std::filesystem::path run_dir = dir / optimizer;
+    const auto run = run_command(mltrain_with_fault(
+        "spike-loss:5-5",
+        config + " --set optim.name=" + optimizer + " --set train.run_dir=" + run_dir.string()));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_CONTAINS(run.output, "step 5: loss ");
+    EXPECT_CONTAINS(run.output, "times its running level");
+    EXPECT_CONTAINS(run.output, "(train.spike_guard = 2): update skipped (1 in a row");
+    EXPECT_EQ(run.output.find("step 4: loss"), std::string::npos) << run.output;
+    const std::filesystem::path checkpoints = run_dir / "checkpoints";
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      const NamedTensors before = load_safetensors(checkpoints / "step_00000004" / file);
+      const NamedTensors after = load_safetensors(checkpoints / "step_00000005" / file);
+      ASSERT_EQ(before.size(), after.size());
+      for (const auto& [name, tensor] : before)
+        EXPECT_TRUE(at::equal(tensor, after.at(name))) << file << ": " << name;
+      const NamedTensors trained = load_safetensors(checkpoints / "step_00000006" / file);
+      EXPECT_FALSE(at::equal(after.begin()->second, trained.at(after.begin()->first)))
+          << "the step after the spike trains";
+    }
+    bool recorded = false;
+    std::ifstream metrics(run_dir / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const auto record = nlohmann::json::parse(line);
+      if (record.value("skipped", "") != "loss spike") continue;
+      recorded = true;
+      EXPECT_EQ(record["step"], 5);
+      EXPECT_GT(record["loss"].get<double>(), 2 * record["loss_level"].get<double>());
+    }
+    EXPECT_TRUE(recorded);
   }
-  bool recorded = false;
-  std::ifstream metrics(dir / "run" / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record.value("skipped", "") != "loss spike") continue;
-    recorded = true;
-    EXPECT_EQ(record["step"], 5);
-    EXPECT_GT(record["loss"].get<double>(), 2 * record["loss_level"].get<double>());
-  }
-  EXPECT_TRUE(recorded);
 
   const auto spiking =
       run_command(mltrain_with_fault("spike-loss:4-100", config +
@@ -209,7 +253,7 @@ TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
                   "step 6: 3 skipped steps in a row (the last a loss spike): rolled back to");
   EXPECT_CONTAINS(spiking.output,
                   "step 8: 3 skipped steps in a row (the last a loss spike) again since the "
-                  "rollback to step_00000005, no step applied: stopping; the last good "
+                  "rollback to step_00000005, with no step applied: stopping; the last good "
                   "checkpoint is");
 }
 
@@ -230,59 +274,77 @@ std::vector<std::pair<int64_t, std::string>> windows_read(const std::string& out
   return batches;
 }
 
-// train.max_bad_steps loss spikes in a row (injected at steps 5 to 7, the first time they train)
-// roll the run back to its last checkpoint (step 6's, saved after two skipped steps), and the run
+// train.max_bad_steps loss spikes in a row (injected at steps 6 to 8, the first time they train)
+// roll the run back to its last checkpoint (step 4's, with step 5 applied since), and the run
 // trains on past the samples it read since: the step that follows reads the windows that an
-// unbroken run reads one step later, and so on to the end.
+// unbroken run reads four steps later, and so on to the end. Its state is the checkpoint's: the
+// run ends as one resumed from that checkpoint at that sample ends, bit for bit.
 TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
   TemporaryDirectory dir;
   const std::string config =
       write_config(dir, 10) +
-      " --set train.ckpt_every=2 --set train.keep_last=10 --set train.max_bad_steps=3";
+      " --set train.ckpt_every=4 --set train.keep_last=10 --set train.max_bad_steps=3";
   const auto unbroken = run_command(mltrain_with_fault(
       "print-windows",
-      config + " --set train.max_steps=11 --set train.run_dir=" + (dir / "unbroken").string()));
+      config + " --set train.max_steps=14 --set train.run_dir=" + (dir / "unbroken").string()));
   ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
-  const auto run = run_command(mltrain_with_fault("spike-loss-once:5-7,print-windows", config));
+  const auto run = run_command(mltrain_with_fault("spike-loss-once:6-8,print-windows", config));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_CONTAINS(run.output,
-                  "step 7: 3 skipped steps in a row (the last a loss spike): rolled back to");
+                  "step 8: 3 skipped steps in a row (the last a loss spike): rolled back to");
 
-  // The tiny run takes 2 micro-batches a step: the unbroken run reads 11 steps' worth, the
-  // other steps 1 to 7, then 7 to 10 again.
+  // The tiny run takes 2 micro-batches a step: the unbroken run reads 14 steps' worth, the
+  // other steps 1 to 8, then 5 to 10.
   const auto expected = windows_read(unbroken.output);
   const auto read = windows_read(run.output);
-  ASSERT_EQ(expected.size(), 22u) << unbroken.output;
-  ASSERT_EQ(read.size(), 22u) << run.output;
+  ASSERT_EQ(expected.size(), 28u) << unbroken.output;
+  ASSERT_EQ(read.size(), 28u) << run.output;
   for (size_t i = 0; i < read.size(); ++i) {
     const auto unbroken_step = static_cast<int64_t>(i / 2 + 1);
-    EXPECT_EQ(read[i].first, i < 14 ? unbroken_step : unbroken_step - 1) << "batch " << i;
+    EXPECT_EQ(read[i].first, i < 16 ? unbroken_step : unbroken_step - 4) << "batch " << i;
     EXPECT_EQ(read[i].second, expected[i].second)
         << "batch " << i << " reads what the unbroken run's step " << unbroken_step << " reads";
   }
 
+  constexpr int64_t kGlobalBatch = 16;  // the tiny run's windows per step
   bool recorded = false;
   std::ifstream metrics(dir / "run" / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const auto record = nlohmann::json::parse(line);
     if (record.value("event", "") != "rollback") continue;
     recorded = true;
-    EXPECT_EQ(record["step"], 7);
-    EXPECT_EQ(record["to_step"], 6);
-    EXPECT_GT(record["samples_left_out"].get<int64_t>(), 0);
+    EXPECT_EQ(record["step"], 8);
+    EXPECT_EQ(record["to_step"], 4);
+    EXPECT_EQ(record["samples_left_out"], 4 * kGlobalBatch);
   }
   EXPECT_TRUE(recorded);
 
+  // Step 4's checkpoint, resumed at the sample where the rollback went on (its state.json edited:
+  // the file holds no checksum of itself).
+  const std::filesystem::path resumed = dir / "resumed" / "checkpoints";
+  std::filesystem::create_directories(resumed);
+  std::filesystem::copy(dir / "run" / "checkpoints" / "step_00000004", resumed / "step_00000004");
+  nlohmann::json state =
+      nlohmann::json::parse(testing::read_text(resumed / "step_00000004" / "state.json"));
+  state["samples_consumed"] = 8 * kGlobalBatch;
+  testing::write_text(resumed / "step_00000004" / "state.json", state.dump());
+  testing::write_text(resumed / "latest", "step_00000004\n");
+  const auto resumed_run = run_command(
+      mltrain(config + " --resume auto --set train.run_dir=" + (dir / "resumed").string()));
+  ASSERT_EQ(resumed_run.exit_code, 0) << resumed_run.output;
+  const std::filesystem::path last = std::filesystem::path("checkpoints") / "step_00000010";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    SCOPED_TRACE(file);
+    expect_same_weights(dir / "run" / last / file, dir / "resumed" / last / file);
+  }
+
   // Two ranks sharing the global batch, their optimizer state sharded, roll back together: they
   // end with the weights of the one rank.
-  const auto two_ranks = run_command(
-      testing::mpirun_with_fault(2, "spike-loss-once:5-7",
-                                 config +
-                                     " --set data.micro_batch=4 --set dist.zero_stage=1 --set "
-                                     "train.run_dir=" +
-                                     (dir / "two_ranks").string()));
+  const auto two_ranks = run_command(testing::mpirun_with_fault(
+      2, "spike-loss-once:6-8",
+      config + " --set data.micro_batch=4 --set dist.zero_stage=1 --set train.run_dir=" +
+          (dir / "two_ranks").string()));
   ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
-  const std::filesystem::path last = std::filesystem::path("checkpoints") / "step_00000010";
   const NamedTensors one_rank_weights = load_safetensors(dir / "run" / last / "model.safetensors");
   const NamedTensors two_rank_weights =
       load_safetensors(dir / "two_ranks" / last / "model.safetensors");
@@ -310,7 +372,7 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   EXPECT_CONTAINS(diverging.output, "step 6: 3 non-finite steps in a row: rolled back to");
   EXPECT_CONTAINS(diverging.output,
                   "step 7: 3 non-finite steps in a row again since the rollback to "
-                  "step_00000004, no step applied: stopping; the last good checkpoint is");
+                  "step_00000004, with no step applied: stopping; the last good checkpoint is");
 }
 
 }  // namespace

@@ -20,15 +20,19 @@
 //                            its rank and the indices of the training windows it reads
 //   kill-rank:R              rank R of a multi-rank run SIGKILLs itself in step 3
 //   hang-rank:R              rank R of a multi-rank run says "rank R hangs" on stderr and sleeps
-//                            for an hour in step 3 (its other threads run on)
+//                            in step 3 (its other threads run on) until its launcher is gone,
+//                            then exits: a hung rank outlives no test
 //   stop-rank:R              rank R of a multi-rank run says "rank R stops" on stderr and stops
-//                            itself with SIGSTOP in step 3 (every thread of it stops)
+//                            itself with SIGSTOP in step 3 (every thread of it stops); once
+//                            continued, it hangs as hang-rank does
 //   forbid-host-sync:A-B     from the gradients of each step A..B to the next step's, any call
 //                            that makes the host wait for the GPU throws (CUDA's sync debug mode)
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -164,8 +168,11 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
             if (kind == "kill-rank") std::raise(SIGKILL);
             fmt::print(stderr, "rank {} {}\n", rank, kind == "stop-rank" ? "stops" : "hangs");
             std::fflush(stderr);
+            const pid_t launcher = ::getppid();
             if (kind == "stop-rank") std::raise(SIGSTOP);
-            std::this_thread::sleep_for(std::chrono::hours(1));
+            while (::getppid() == launcher)
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            std::_Exit(1);
           });
     } else {
       throw std::invalid_argument("unknown MLTRAIN_FAULT " + fault);

@@ -1,5 +1,6 @@
 // ZeRO-1 (dist.zero_stage 1) as a user runs it: mltrain under mpirun on 2 and 3 CPU ranks against
-// one rank without sharding, and its checkpoints resumed on other numbers of ranks, sharded or not.
+// one rank without sharding, and its checkpoints resumed on other numbers of ranks, sharded or not;
+// with AdamW (sharded by element) and with Muon (its matrices sharded whole).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -23,8 +24,9 @@ constexpr int64_t kGlobalBatch = 12;  // windows per step: divides among 1, 2 an
 
 // The tiny run with buckets of about 1,300 values, so that the ranks' parts of a bucket begin and
 // end inside matrices and vectors, and bucket sizes that 3 ranks do not divide get padded.
-std::string write_config(const TemporaryDirectory& dir) {
+std::string write_config(const TemporaryDirectory& dir, const std::string& optimizer) {
   Config config = testing::tiny_run(dir.path());
+  config.optim.name = optimizer;
   config.train.max_steps = kSteps;
   config.train.log_every = 1;
   config.train.eval_every = 1000000;
@@ -76,9 +78,12 @@ std::map<int64_t, double> losses(const std::filesystem::path& run_dir) {
   return by_step;
 }
 
-TEST(ZeroStageOne, TwoAndThreeShardedRanksTrainLikeOneRankWithout) {
+// The optimizer: adamw or muon.
+class ZeroStageOne : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZeroStageOne, TwoAndThreeShardedRanksTrainLikeOneRankWithout) {
   TemporaryDirectory dir;
-  const std::string config = write_config(dir);
+  const std::string config = write_config(dir, GetParam());
   const auto one = train(1, config, (dir / "one").string(), 0);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   // 2 and 3 ranks; and 2 ranks recomputing each block in backward, whose gradients must reach the
@@ -98,9 +103,9 @@ TEST(ZeroStageOne, TwoAndThreeShardedRanksTrainLikeOneRankWithout) {
   }
 }
 
-TEST(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
+TEST_P(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
   TemporaryDirectory dir;
-  const std::string config = write_config(dir);
+  const std::string config = write_config(dir, GetParam());
   const auto unbroken = train(1, config, (dir / "unbroken").string(), 0);
   ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
   const auto first_half = train(2, config, (dir / "on_one").string(), 1, "--set train.stop_at=15");
@@ -125,6 +130,8 @@ TEST(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroStageOne, ::testing::Values("adamw", "muon"));
 
 }  // namespace
 }  // namespace mltrain

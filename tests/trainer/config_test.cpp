@@ -153,6 +153,10 @@ TEST(Config, InconsistentValuesAreNamed) {
                   "train.spike_guard (0.5) must be 0 (off) or above 1");
   EXPECT_CONTAINS(config_error("", {"train.spike_guard=-1"}), "train.spike_guard");
   EXPECT_EQ(config_error("", {"train.spike_guard=0"}), "") << "0 turns it off";
+  EXPECT_CONTAINS(
+      config_error("", {"optim.name=muon", "optim.lr=0", "optim.min_lr=0", "optim.muon_lr=0.01"}),
+      "optim.muon_lr (0.01) is scaled by the schedule of optim.lr, which is 0");
+  EXPECT_CONTAINS(config_error("", {"optim.name=sgd"}), "optim.name must be one of adamw, muon");
 }
 
 // Every other config mistake is an error, so a repeated key or section (of which YAML parsers

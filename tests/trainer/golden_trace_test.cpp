@@ -1,9 +1,10 @@
 // The golden loss trace, as llm.c's test_gpt2.cu keeps one: twelve optimizer steps of a small model
 // in fp32 on the CPU, with gradient accumulation, warmup, a cosine schedule, clipping and weight
 // decay, run by mltrain and by the independent Python reference (tests/reference/
-// train_reference.py, torch.optim.AdamW) from the same initial weights on the same windows. Every
-// step's loss and the final weights must agree within 1e-5; and the comparison must be sharp
-// enough to see weight decay on the norms, or the schedule one step late.
+// train_reference.py, torch.optim.AdamW, and tests/reference/muon.py for Muon) from the same
+// initial weights on the same windows. Every step's loss and the final weights must agree within
+// 1e-5; and the comparison must be sharp enough to see weight decay on the norms, the schedule one
+// step late, or Muon without Nesterov momentum.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -29,8 +30,10 @@ using testing::TemporaryDirectory;
 constexpr int64_t kSteps = 12;
 constexpr double kTolerance = 1e-5;
 
-Config golden_run(const TemporaryDirectory& dir) {
+Config golden_run(const TemporaryDirectory& dir, const std::string& optimizer) {
   Config config = testing::tiny_run(dir.path());
+  config.optim.name = optimizer;
+  config.optim.muon_lr = 1.5 * config.optim.lr;  // the reference must scale the schedule to it
   config.train.max_steps = kSteps;
   config.train.log_every = 1;
   config.train.ckpt_every = kSteps;
@@ -61,7 +64,11 @@ std::string reference_config(const Config& config) {
                                  {"beta2", o.beta2},
                                  {"eps", o.eps},
                                  {"weight_decay", o.weight_decay},
-                                 {"grad_clip", o.grad_clip}}}};
+                                 {"grad_clip", o.grad_clip},
+                                 {"name", o.name},
+                                 {"muon_lr", o.muon_lr},
+                                 {"muon_momentum", o.muon_momentum},
+                                 {"muon_ns_steps", o.muon_ns_steps}}}};
   return json.dump();
 }
 
@@ -115,9 +122,11 @@ double distance_to_reference(const TemporaryDirectory& dir, const std::string& f
   return distance;
 }
 
-TEST(GoldenTrace, TwelveStepsMatchThePythonReference) {
+// Trains `optimizer`'s golden run, and checks it against the reference, and against the reference
+// with each of `faults`.
+void expect_reference_trace(const std::string& optimizer, const std::vector<std::string>& faults) {
   TemporaryDirectory dir;
-  const Config config = golden_run(dir);
+  const Config config = golden_run(dir, optimizer);
   // The run's initial weights: seeded by data.seed before the model is built, as the run does.
   at::manual_seed(config.data.seed);
   save_model_weights(Llama(config.model, Kernels::aten), dir / "initial.safetensors");
@@ -131,8 +140,18 @@ TEST(GoldenTrace, TwelveStepsMatchThePythonReference) {
       dir / "run" / "checkpoints" / fmt::format("step_{:08d}", kSteps) / "model.safetensors");
 
   EXPECT_LE(distance_to_reference(dir, "", losses, weights), kTolerance);
-  for (const std::string fault : {"decay-norms", "shifted-schedule"})
+  for (const std::string& fault : faults)
     EXPECT_GT(distance_to_reference(dir, fault, losses, weights), 10 * kTolerance) << fault;
+}
+
+TEST(GoldenTrace, TwelveStepsMatchThePythonReference) {
+  expect_reference_trace("adamw", {"decay-norms", "shifted-schedule"});
+}
+
+// Muon on the blocks' matrices, AdamW on the embedding and the norms, at a peak learning rate of
+// their own.
+TEST(GoldenTrace, TwelveStepsOfMuonMatchThePythonReference) {
+  expect_reference_trace("muon", {"no-nesterov", "shifted-schedule", "decay-norms"});
 }
 
 }  // namespace

@@ -58,10 +58,14 @@ thread_local int64_t DeviceReads::count_ = 0;
 thread_local int DeviceReads::optimizer_depth_ = 0;
 
 // On CUDA the host must run ahead of the device: a step that neither logs nor checkpoints reads
-// nothing back, not its loss, not its gradient norm, not whether it was skipped.
-TEST(TrainingRun, ReadsTheDeviceOnlyAtStepsThatLogOrCheckpoint) {
+// nothing back, not its loss, not its gradient norm, not whether it was skipped; with either
+// optimizer.
+class TrainingRunWith : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainingRunWith, ReadsTheDeviceOnlyAtStepsThatLogOrCheckpoint) {
   testing::TemporaryDirectory dir;
   Config config = testing::tiny_run(dir.path());
+  config.optim.name = GetParam();
   config.train.max_steps = 12;
   config.train.log_every = 5;  // steps 1, 5, 10 and 12 log; 12 also checkpoints and evaluates
   config.train.eval_every = 1000;
@@ -82,6 +86,25 @@ TEST(TrainingRun, ReadsTheDeviceOnlyAtStepsThatLogOrCheckpoint) {
     }
   }
 }
+
+// Muon learns the stream too, in fp32 and under bf16 autocast (the Newton-Schulz iterations in
+// fp32 on the CPU either way, the weights fp32).
+TEST_P(TrainingRunWith, LearnsALearnableStreamInFp32AndUnderBf16Autocast) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    testing::TemporaryDirectory dir;
+    Config config = testing::tiny_run(dir.path());
+    config.optim.name = GetParam();
+    config.train.precision = precision;
+    train(config);
+    double last_val_loss = INFINITY;
+    for (const auto& record : read_metrics(dir / "run" / "metrics.jsonl"))
+      if (record.contains("val_loss")) last_val_loss = record["val_loss"].get<double>();
+    EXPECT_LT(last_val_loss, 0.2) << "from ln 32 = 3.47";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, TrainingRunWith, ::testing::Values("adamw", "muon"));
 
 TEST(TrainingRun, LearnsALearnableStream) {
   testing::TemporaryDirectory dir;

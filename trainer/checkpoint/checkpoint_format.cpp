@@ -59,6 +59,13 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
        config_changes(with_absolute_data_paths(saved), with_absolute_data_paths(config))) {
     // model.init_from says where a fresh run's weights came from, not what the model is: a
     // resumed run takes the checkpoint's weights whatever it names.
+    if (change.key == "optim.name") {
+      throw CheckpointMismatch(fmt::format(
+          "{}: the checkpoint holds the optimizer state of {}, and this run asks for {} "
+          "(optim.name): resume with --set optim.name={}, or start a new run in another "
+          "train.run_dir from its weights (mltrain --export-hf, then model.init_from)",
+          checkpoint.string(), change.before, change.after, change.before));
+    }
     if (change.key.starts_with("model.") && change.key != "model.init_from") {
       model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config",
                                           change.key, change.before, change.after));
@@ -68,8 +75,8 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
     }
   }
   if (!model_changes.empty()) {
-    throw UserError(fmt::format("{}: the checkpoint is of another model: {}", checkpoint.string(),
-                                fmt::join(model_changes, "; ")));
+    throw CheckpointMismatch(fmt::format("{}: the checkpoint is of another model: {}",
+                                         checkpoint.string(), fmt::join(model_changes, "; ")));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
 #include "trainer/checkpoint/checkpoint_state.h"
@@ -63,9 +64,16 @@ std::string tokenizer_for(const std::filesystem::path& weights, const Config& co
 // missing or damaged state, a missing, truncated or corrupted file is a UserError naming the file.
 void verify_checkpoint(const std::filesystem::path& checkpoint);
 
+// An intact checkpoint that does not fit the run: another model, or another optimizer's state. An
+// older checkpoint of the run would not fit either.
+class CheckpointMismatch : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 // Verifies the checkpoint, then loads it into the model and the optimizer. A model shape that
-// differs from config.model (every differing key listed) is a UserError; changed keys outside
-// model are logged.
+// differs from config.model (every differing key listed) or another optim.name is a
+// CheckpointMismatch; changed keys outside model are logged.
 TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
                                  Optimizer& optimizer, const Config& config);
 

@@ -170,6 +170,8 @@ std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resum
   }
   try {
     return load_checkpoint(*newest, model, optimizer, config);
+  } catch (const CheckpointMismatch&) {
+    throw;  // intact, and so would an older one be: no older checkpoint to point at
   } catch (const UserError& error) {
     const int64_t newest_step = *checkpoint_step(newest->filename().string());
     const auto intact = newest_intact_before(newest_step);

@@ -34,6 +34,9 @@ class CheckpointStore {
   // The checkpoint `latest` names, if any.
   std::optional<std::filesystem::path> latest() const;
 
+  // Where the checkpoint of `step` is, or would be.
+  std::filesystem::path path_of(int64_t step) const;
+
   // The resume policy: loads the checkpoint `resume` names into the model and the optimizer and
   // returns its progress, or nothing for a fresh start. "" is a fresh start, refused where
   // checkpoints already are (its own would be pruned against them and could replace them);
@@ -46,7 +49,6 @@ class CheckpointStore {
   // Whether RUN_DIR/checkpoints is there; something else in its place is a UserError.
   bool exists() const;
   std::vector<int64_t> saved_steps() const;  // newest first
-  std::filesystem::path path_of(int64_t step) const;
   void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const;
   std::optional<std::filesystem::path> newest_intact_before(int64_t step) const;
 

@@ -365,6 +365,12 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: optim.warmup_steps ({}) exceeds train.max_steps ({})", source,
                                 config.optim.warmup_steps, config.train.max_steps));
   }
+  if (config.optim.name == "muon" && config.optim.lr == 0.0 && config.optim.muon_lr > 0.0) {
+    throw UserError(fmt::format(
+        "{}: optim.muon_lr ({}) is scaled by the schedule of optim.lr, which is 0: give optim.lr "
+        "a peak too",
+        source, config.optim.muon_lr));
+  }
   try {
     profile_step_range(config.train.profile_steps);
   } catch (const UserError& error) {

@@ -27,7 +27,11 @@ namespace mltrain {
   KEY(S, int64_t, prefetch, 2, "batches the loader keeps ready", at_least(1))
 
 #define MLTRAIN_OPTIM_KEYS(KEY, S)                                                                 \
-  KEY(S, double, lr, 6.0e-4, "peak learning rate", at_least(0))                                    \
+  KEY(S, std::string, name, "adamw",                                                               \
+      "optimizer of the blocks' matrices: adamw, or muon (the embedding and the norms stay on "    \
+      "AdamW)",                                                                                    \
+      one_of({"adamw", "muon"}))                                                                   \
+  KEY(S, double, lr, 6.0e-4, "peak learning rate (of AdamW)", at_least(0))                         \
   KEY(S, double, min_lr, 6.0e-5, "learning rate at the end of the decay", at_least(0))             \
   KEY(S, int64_t, warmup_steps, 200, "steps of linear warmup (<= train.max_steps)", at_least(0))   \
   KEY(S, std::string, schedule, "cosine", "learning-rate schedule after warmup",                   \
@@ -38,7 +42,13 @@ namespace mltrain {
   KEY(S, double, weight_decay, 0.1, "decoupled weight decay of matrices (not norms)", at_least(0)) \
   KEY(S, double, grad_clip, 1.0, "clip the global gradient norm to this (0: off)", at_least(0))    \
   KEY(S, double, decay_fraction, 0.2, "share of all steps the wsd schedule decays over",           \
-      between(0, 1))
+      between(0, 1))                                                                               \
+  KEY(S, double, muon_lr, 0.0,                                                                     \
+      "peak learning rate of Muon's matrices, which the schedule scales as it scales lr (0: lr, "  \
+      "which Muon's update scale carries over)",                                                   \
+      at_least(0))                                                                                 \
+  KEY(S, double, muon_momentum, 0.95, "Muon's Nesterov momentum", between(0, 1))                   \
+  KEY(S, int64_t, muon_ns_steps, 5, "Newton-Schulz iterations of each Muon update", between(1, 100))
 
 #define MLTRAIN_TRAIN_KEYS(KEY, S)                                                               \
   KEY(S, int64_t, max_steps, 10000, "optimizer steps of the run", at_least(1))                   \

@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/optim/muon.h"
 
 namespace mltrain {
 
@@ -23,7 +25,8 @@ struct ReducedGradients {
 // A data-parallel rank's optimizer, used in the order of a training step (run/train_step.h):
 // each micro-step's backward, with set_sync(true) before the last one; reduce_gradients(); the
 // caller clips what it returns (clipping.h); update(). Implementations: AdamW on every rank with
-// all-reduced gradients (replicated_adamw.h), and ZeRO-1 (zero1_adamw.h).
+// all-reduced gradients (replicated_adamw.h), AdamW under ZeRO-1 (zero1_adamw.h), and Muon with
+// AdamW, replicated or sharded by matrix (muon_optimizer.h).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -35,13 +38,14 @@ class Optimizer {
   // Waits until the step's gradients are averaged over the ranks, and returns what update() reads.
   virtual ReducedGradients reduce_gradients() = 0;
 
-  // AdamW with learning rate `lr`, unless `skip` (a float scalar on the parameters' device) is 1:
-  // then no weight and no moment changes. Every rank ends with the same weights, and gradients at
-  // zero for the next step.
+  // The update with learning rate `lr` (AdamW's), unless `skip` (a float scalar on the parameters'
+  // device) is 1: then no weight and no moment changes. Every rank ends with the same weights, and
+  // gradients at zero for the next step.
   virtual void update(double lr, const at::Tensor& skip) = 0;
 
-  // Every parameter's moments and step count, as "<name>.exp_avg", "<name>.exp_avg_sq" and
-  // "<name>.step": the same tensors however the state is held, so that a checkpoint resumes on any
+  // The optimizer's state by name: AdamW's moments and step count of a parameter as
+  // "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.step", Muon's momentum as "<name>.momentum";
+  // the same tensors however the state is held, so that a checkpoint resumes on any
   // number of ranks, sharded or not. Where the state is sharded this is a collective that every
   // rank calls, and only rank 0 gets the state (on the CPU); the others get none.
   virtual OptimizerState state() const = 0;
@@ -60,6 +64,10 @@ struct DataParallelOptions {
   bool compress_bf16 = false;  // gradients travel as bf16
   bool zero1 = false;          // shard the optimizer state over the ranks (ZeRO-1)
   AdamWOptions adamw;
+  // Muon for the blocks' matrices (muon_optimizer.h), at muon_lr_ratio times AdamW's learning
+  // rate; none: AdamW for everything.
+  std::optional<MuonOptions> muon;
+  double muon_lr_ratio = 1.0;
 };
 
 // The optimizer of `parameters` (a model's, by name) on the ranks of `communicator`.

@@ -1,8 +1,8 @@
 #pragma once
 
-#include "dist/grad_reducer.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/optim/replicated_gradients.h"
 
 namespace mltrain {
 
@@ -13,8 +13,8 @@ class ReplicatedAdamW : public Optimizer {
   ReplicatedAdamW(const NamedParameters& parameters, Communicator& communicator,
                   const DataParallelOptions& options);
 
-  void set_sync(bool last_micro_step) override { reducer_.set_sync(last_micro_step); }
-  ReducedGradients reduce_gradients() override;
+  void set_sync(bool last_micro_step) override { gradients_.set_sync(last_micro_step); }
+  ReducedGradients reduce_gradients() override { return gradients_.reduce(); }
   void update(double lr, const at::Tensor& skip) override;
   OptimizerState state() const override { return adamw_.state(); }
   void load_state(const OptimizerState& saved, const std::string& source) override {
@@ -23,10 +23,8 @@ class ReplicatedAdamW : public Optimizer {
   int64_t state_bytes() const override { return adamw_.state_bytes(); }
 
  private:
-  std::vector<at::Tensor> parameters_;
-  GradReducer reducer_;
+  ReplicatedGradients gradients_;
   AdamW adamw_;
-  bool reduced_ = false;  // reduce_gradients() ran since the last update()
 };
 
 }  // namespace mltrain

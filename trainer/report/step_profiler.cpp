@@ -59,7 +59,8 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::before_step(int64_t step) {
-  if (!steps_ || step != steps_->first) return;
+  // A rollback (train.max_bad_steps) can bring the first step round again while it traces.
+  if (!steps_ || tracing_ || step != steps_->first) return;
   std::set<ActivityType> activities = {ActivityType::CPU};
   if (cuda_) activities.insert(ActivityType::CUDA);
   const ProfilerConfig config(ProfilerState::KINETO);

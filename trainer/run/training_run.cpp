@@ -116,6 +116,21 @@ void prepare_flight_directory(const std::filesystem::path& run_dir, const std::s
   write_file_atomically(directory / kFlightToken, token);
 }
 
+// optim.name muon: Muon's settings; adamw: none.
+std::optional<MuonOptions> muon_options(const OptimConfig& optim) {
+  if (optim.name != "muon") return std::nullopt;
+  return MuonOptions{.momentum = optim.muon_momentum,
+                     .ns_steps = optim.muon_ns_steps,
+                     .weight_decay = optim.weight_decay};
+}
+
+// Muon's learning rate follows the schedule of optim.lr, scaled to optim.muon_lr at the peak
+// (optim.muon_lr 0: optim.lr itself; with optim.lr 0, nothing trains).
+double muon_lr_ratio(const OptimConfig& optim) {
+  if (optim.muon_lr == 0.0) return 1.0;
+  return optim.lr > 0 ? optim.muon_lr / optim.lr : 0.0;
+}
+
 void load_init_from(Llama& model, const std::string& directory) {
   check_init_from(directory, model->config());
   load_hf_model(model, directory);
@@ -149,7 +164,6 @@ class TrainingRun {
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::optional<std::filesystem::path> save_checkpoint();
-  void settle_checkpoint_write();
   bool any_rank_asked_to_stop();
   void settle_stop_vote();
 
@@ -188,7 +202,7 @@ class TrainingRun {
   Clock::time_point unread_since_;  // when the first of the unread steps started
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
-  std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
+  std::optional<int64_t> rolled_back_to_;  // the checkpoint's step, by the last rollback if any
   bool applied_since_rollback_ = true;     // a step was applied since the last rollback, if any
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
@@ -339,7 +353,9 @@ void TrainingRun::build_optimizer() {
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
                       .zero1 = sharded,
                       .adamw = {config_.optim.beta1, config_.optim.beta2, config_.optim.eps,
-                                config_.optim.weight_decay}});
+                                config_.optim.weight_decay},
+                      .muon = muon_options(config_.optim),
+                      .muon_lr_ratio = muon_lr_ratio(config_.optim)});
 }
 
 // Needs the model and the optimizer: a checkpoint fills both and says where the run is; a fresh
@@ -444,7 +460,12 @@ void TrainingRun::announce() {
   log_precision(precision_);
   spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
                config_.train.kernels);
-  spdlog::info("optimizer: AdamW, {:.1f} MB of state on this rank{}",
+  spdlog::info("optimizer: {}, {:.1f} MB of state on this rank{}",
+               config_.optim.name == "muon"
+                   ? fmt::format("Muon (lr {:g}) for the blocks' matrices, AdamW (lr {:g}) for the "
+                                 "embedding and the norms",
+                                 config_.optim.lr * muon_lr_ratio(config_.optim), config_.optim.lr)
+                   : "AdamW",
                static_cast<double>(optimizer_->state_bytes()) / 1e6,
                shards_optimizer(config_, world_.size)
                    ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
@@ -610,41 +631,76 @@ bool TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
 // After train.max_bad_steps skipped steps in a row (`bad_steps` says which), as of step `step`:
 // the weights, the moments and the spike guard's level go back to the last checkpoint, and the
 // run trains on from its step with the samples after those read so far, so that the samples
-// behind the bad steps are not read again (as Megatron and PaLM recover). Every rank does this
-// together: all read the same averaged losses. The run stops instead where there is no checkpoint
-// to go back to, or where no step was applied since the last rollback: then the settings are bad,
-// not a few samples.
+// behind the bad steps are not read again (as Megatron and PaLM recover). The samples and tokens
+// read, and the best validation loss, stay as they are: they count what the run did. Every rank
+// does this together (all read the same averaged losses), from the checkpoint rank 0 names. The
+// run stops instead where there is no checkpoint to go back to, or where it went back to the same
+// one before, or applied no step since the last rollback: then the settings are bad, not a few
+// samples. A failure to write or to load a checkpoint ends the run on every rank.
 void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
-  settle_checkpoint_write();
-  communicator_->all_reduce_sum(0.0);  // no rank looks for the newest checkpoint before it is
-  const std::optional<std::filesystem::path> latest = checkpoints_.latest();
-  if (!latest || !applied_since_rollback_) {
-    throw std::runtime_error(fmt::format(
-        "step {}: {}{}: stopping; the last good checkpoint is {}", step, bad_steps,
-        applied_since_rollback_ ? ""
-                                : fmt::format(" again since the rollback to {}, no step applied",
-                                              rolled_back_to_->filename().string()),
-        latest ? latest->string() : "none (no checkpoint was saved yet)"));
+  // Rank 0's: -1, its last checkpoint write failed; 0, it has no checkpoint; else the newest
+  // checkpoint's step + 1. The sum is also the barrier before which no rank looks for it.
+  double named = 0.0;
+  std::string write_failure;
+  if (leader_) {
+    try {
+      checkpoint_writer_.wait();
+      if (const auto latest = checkpoints_.latest())
+        named = static_cast<double>(*checkpoint_step(latest->filename().string()) + 1);
+    } catch (const std::exception& error) {
+      write_failure = error.what();
+      named = -1.0;
+    }
   }
-  const int64_t samples_read = progress_.samples_consumed;
+  const double newest = communicator_->all_reduce_sum(named);
+  if (newest < 0)
+    throw std::runtime_error(leader_ ? write_failure : "rank 0 failed to write a checkpoint");
+  if (newest == 0) {
+    throw std::runtime_error(fmt::format(
+        "step {}: {}: stopping; there is no checkpoint to roll back to (none was saved yet)", step,
+        bad_steps));
+  }
+  const auto target = static_cast<int64_t>(newest) - 1;
+  const std::filesystem::path checkpoint = checkpoints_.path_of(target);
+  if (rolled_back_to_ && (!applied_since_rollback_ || *rolled_back_to_ == target)) {
+    throw std::runtime_error(fmt::format(
+        "step {}: {} again since the rollback to {}, with {}: stopping; the last good checkpoint "
+        "is {}",
+        step, bad_steps, checkpoint_name(*rolled_back_to_),
+        applied_since_rollback_ ? "no checkpoint saved since" : "no step applied",
+        checkpoint.string()));
+  }
   step_parts_.reset();  // they refer to the loader
   loader_.reset();
-  progress_ = *checkpoints_.resume(latest->string(), model_, *optimizer_, config_);
-  const int64_t samples_left_out = samples_read - progress_.samples_consumed;
-  progress_.samples_consumed = samples_read;
-  rolled_back_to_ = latest;
+  std::optional<TrainingProgress> restored;
+  std::string load_failure;
+  try {
+    restored = checkpoints_.resume(checkpoint.string(), model_, *optimizer_, config_);
+  } catch (const std::exception& error) {
+    load_failure = error.what();
+  }
+  if (communicator_->all_reduce_sum(load_failure.empty() ? 0.0 : 1.0) > 0) {
+    throw std::runtime_error(fmt::format(
+        "step {}: {}: rolling back to {} failed: {}", step, bad_steps, checkpoint.string(),
+        load_failure.empty() ? "another rank could not load it" : load_failure));
+  }
+  const int64_t samples_left_out = progress_.samples_consumed - restored->samples_consumed;
+  progress_.step = restored->step;
+  progress_.learning_rate = restored->learning_rate;
+  progress_.loss_level = restored->loss_level;
+  rolled_back_to_ = target;
   applied_since_rollback_ = false;
   bad_steps_in_a_row_ = 0;
   start_data();
   spdlog::warn(
       "step {}: {}: rolled back to {} (step {}); training goes on from there past the {} samples "
       "read since, which are left out",
-      step, bad_steps, latest->string(), progress_.step, samples_left_out);
+      step, bad_steps, checkpoint.string(), progress_.step, samples_left_out);
   if (leader_)
     metrics_->write({{"step", step},
                      {"event", "rollback"},
                      {"to_step", progress_.step},
-                     {"checkpoint", latest->string()},
+                     {"checkpoint", checkpoint.string()},
                      {"samples_left_out", samples_left_out}});
 }
 
@@ -734,17 +790,6 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
     metrics_->write(
         {{"step", progress_.step}, {"checkpoint_pause_ms", 1e3 * seconds_since(start)}});
   return path;
-}
-
-// Before the run reports its newest checkpoint: a background write of it ends first. Its failure
-// is logged, and the checkpoint before stays the newest.
-void TrainingRun::settle_checkpoint_write() {
-  if (!leader_) return;
-  try {
-    checkpoint_writer_.wait();
-  } catch (const std::exception& error) {
-    spdlog::error("{}", error.what());
-  }
 }
 
 // A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
