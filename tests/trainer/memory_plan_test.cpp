@@ -4,16 +4,25 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "dist/communicator.h"
 #include "model/autocast_region.h"
 #include "model/cpu_kernels.h"
+#include "model/hf_state_dict.h"
 #include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
+#include "trainer/optim/optimizer.h"
 #include "trainer/run/memory_plan.h"
 
 namespace mltrain {
 namespace {
+
+DataParallelOptions muon_options() {
+  DataParallelOptions options;
+  options.muon = MuonOptions{};
+  return options;
+}
 
 // A model with the base model's proportions at a size a unit test can run.
 ModelConfig small_base() {
@@ -81,6 +90,39 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(async.checkpoint_host, 12 * p);
   EXPECT_EQ(async.total(), sharded.total());
   EXPECT_CONTAINS(describe(async), "write in the background");
+}
+
+// Muon keeps one momentum per block matrix (AdamW two moments of the rest), shards whole
+// matrices, and all-reduces the gradients whole; the unsharded plan is the bytes MuonOptimizer
+// holds, less the AdamW step count.
+TEST(MemoryPlan, CountsMuonsMomentumAndItsShardingByMatrix) {
+  Config config;  // the base model
+  config.optim.name = "muon";
+  const int64_t p = kBaseParameters;
+  // 12 blocks of wq, wo (512 x 512), wk, wv (512 x 128), gate, up and down (512 x 1408).
+  const int64_t matrices = 12 * (2 * 512 * 512 + 2 * 512 * 128 + 3 * 512 * 1408);
+  const int64_t largest = 512 * 1408;
+  const MemoryPlan plain =
+      plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
+  EXPECT_EQ(plain.optimizer, 8 * (p - matrices) + 4 * matrices);
+  config.dist.zero_stage = 1;
+  const MemoryPlan sharded =
+      plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
+  EXPECT_GE(sharded.optimizer, 8 * (p - matrices) + 4 * matrices / 8);
+  EXPECT_LE(sharded.optimizer, 8 * (p - matrices) + 4 * (matrices / 8 + 1 + largest));
+  EXPECT_EQ(sharded.gradients, 4 * p) << "all-reduced whole: no averaged part";
+  EXPECT_CONTAINS(describe(sharded), "optimizer state (Muon and AdamW)");
+
+  Config small;
+  small.model = small_base();
+  small.optim.name = "muon";
+  const MemoryPlan small_plan =
+      plan_memory(small, {.ranks = 1, .cuda = false, .bf16 = false, .device_memory = std::nullopt});
+  Llama model(small.model, Kernels::aten);
+  const auto communicator = make_communicator(World());
+  const std::unique_ptr<Optimizer> optimizer =
+      make_optimizer(hf_named_parameters(model), *communicator, muon_options());
+  EXPECT_EQ(static_cast<double>(optimizer->state_bytes()), small_plan.optimizer + 4);
 }
 
 // On both of the CPU's paths, mltrain's kernels with the chunked loss and the ATen compositions

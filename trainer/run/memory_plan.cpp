@@ -125,6 +125,29 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
          std::max(casts, logits + count(tokens) * count(block_bytes_per_token(model, path)));
 }
 
+// optim.name muon (trainer/optim/muon_optimizer.h): one momentum per block matrix, and AdamW's two
+// moments of the rest, which stay whole on every rank when sharded; the matrices are sharded
+// whole, so an owner's share is at most an even share plus the largest matrix. The gradients are
+// all-reduced whole, with no averaged part. The Newton-Schulz iterations of one matrix at a time
+// take its gradient's and momentum's temporaries and two Gram matrices of its shorter side.
+void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
+  const ModelConfig& model = config.model;
+  const auto values = static_cast<double>(plan.parameters);
+  plan.muon = true;
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  const double matrices =
+      count(model.n_layers) * count(model.block_parameters() - 2 * model.d_model);
+  const double largest =
+      count(model.d_model) * count(std::max({model.n_q_heads * model.head_dim,
+                                             model.n_kv_heads * model.head_dim, model.d_ffn}));
+  const double rest = values - matrices;
+  plan.optimizer_unsharded = 8 * rest + 4 * matrices;
+  plan.optimizer_sharded = 8 * rest + 4 * std::min(matrices, std::ceil(matrices / ranks) + largest);
+  plan.gradients = 4 * values + (config.dist.grad_dtype == "bf16" && ranks > 1 ? 2 * values : 0);
+  const double side = count(model.d_model);  // a matrix's shorter side is at most d_model
+  plan.working += 4 * (6 * largest + 2 * side * side);
+}
+
 bool shards_optimizer(const Config& config, int ranks) {
   return config.dist.zero_stage == 1 && ranks > 1;
 }
@@ -152,7 +175,6 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
     plan.gradients += 2 * values + (plan.sharded ? 2 * part : 0);
   plan.optimizer_unsharded = 8 * values;
   plan.optimizer_sharded = 8 * part;
-  plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
 
   const int64_t tokens = config.data.micro_batch * config.data.seq_len;
   const ComputePath path = compute_path(config, target);
@@ -162,6 +184,8 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
       plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
 
   plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
+  if (config.optim.name == "muon") plan_muon(config, ranks, plan);
+  plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
   // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded;
   // with train.async_checkpoint, rank 0's copy of the weights and of that state, held from the
   // first checkpoint on.
@@ -187,7 +211,8 @@ std::string describe(const MemoryPlan& plan) {
   line("weights (fp32)", plan.weights, "");
   line("gradients (fp32 buckets)", plan.gradients,
        plan.sharded ? "and this rank's averaged part" : "");
-  line("optimizer state (AdamW moments)", plan.optimizer,
+  line(plan.muon ? "optimizer state (Muon and AdamW)" : "optimizer state (AdamW moments)",
+       plan.optimizer,
        fmt::format("dist.zero_stage 0: {}, 1: {} at {} ranks", gb(plan.optimizer_unsharded),
                    gb(plan.optimizer_sharded), plan.target.ranks));
   line("activations per micro-batch", plan.activations,

@@ -30,11 +30,12 @@ struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
   bool sharded = false;  // dist.zero_stage 1
+  bool muon = false;  // optim.name muon: a momentum per block matrix, AdamW's moments of the rest
   bool activation_checkpointing = false;
   double runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
   double weights = 0;    // fp32 master weights, and the rotary tables
   double gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
-  double optimizer = 0;  // AdamW's two moments at the configured zero_stage
+  double optimizer = 0;  // the optimizer's state (AdamW's two moments) at the configured zero_stage
   double optimizer_unsharded = 0;       // the same at zero_stage 0
   double optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
   double activations = 0;               // kept for backward, per micro-batch, as configured
