@@ -19,9 +19,15 @@ at::Tensor gather_windows(const TokenWindows& windows, const std::vector<int64_t
   return tokens;
 }
 
-Loader::Loader(const TokenWindows& windows, Sampler sampler, int64_t rank, int64_t start_sample,
-               int64_t prefetch, bool pin_memory)
-    : windows_(windows),
+Loader::Loader(std::vector<const TokenWindows*> sources, BlendedSampler sampler, int64_t rank,
+               int64_t start_sample, int64_t prefetch, bool pin_memory)
+    : sources_(std::move(sources)),
+      first_window_([this] {
+        std::vector<int64_t> first{0};
+        for (const TokenWindows* source : sources_)
+          first.push_back(first.back() + source->num_windows());
+        return first;
+      }()),
       sampler_(std::move(sampler)),
       rank_(rank),
       prefetch_(prefetch),
@@ -47,8 +53,7 @@ void Loader::produce() {
             lock, [this] { return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_; });
         if (stopping_) return;
       }
-      std::vector<int64_t> indices = sampler_.windows(next_step_start_, next_micro_step_, rank_);
-      MicroBatch batch{gather_windows(windows_, indices, pin_memory_), std::move(indices)};
+      MicroBatch batch = gather(sampler_.windows(next_step_start_, next_micro_step_, rank_));
       if (++next_micro_step_ == sampler_.layout().grad_accum) {
         next_micro_step_ = 0;
         next_step_start_ += sampler_.layout().global_batch();
@@ -64,6 +69,21 @@ void Loader::produce() {
     error_ = std::current_exception();
     changed_.notify_all();
   }
+}
+
+MicroBatch Loader::gather(const std::vector<BlendedSampler::Sample>& samples) const {
+  const int64_t length = sources_.front()->window_length();
+  MicroBatch batch{at::empty({static_cast<int64_t>(samples.size()), length},
+                             at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory_)),
+                   {}};
+  int64_t* data = batch.tokens.data_ptr<int64_t>();
+  for (size_t row = 0; row < samples.size(); ++row) {
+    const BlendedSampler::Sample& sample = samples[row];
+    sources_[sample.source]->read(sample.window,
+                                  {data + row * length, static_cast<size_t>(length)});
+    batch.windows.push_back(first_window_[sample.source] + sample.window);
+  }
+  return batch;
 }
 
 MicroBatch Loader::next() {

@@ -9,25 +9,27 @@
 #include <thread>
 #include <vector>
 
-#include "data/sampler.h"
+#include "data/blended_sampler.h"
 #include "data/token_windows.h"
 
 namespace mltrain {
 
 // One micro-batch of windows: tokens [micro_batch, seq_len + 1] (int64); the model reads
-// tokens[:, :-1] and predicts tokens[:, 1:]; `windows` are the indices of its rows' windows.
+// tokens[:, :-1] and predicts tokens[:, 1:]. `windows` are its rows' windows, numbered through the
+// sources in their order (source 1's first window follows source 0's last).
 struct MicroBatch {
   at::Tensor tokens;
   std::vector<int64_t> windows;
 };
 
-// Gathers this rank's micro-batches on a background thread, in training order from `start_sample`
-// on, keeping `prefetch` of them ready. With pin_memory (CUDA runs) the buffers are page-locked so
-// the copy to the device can be asynchronous. An error on the thread is rethrown by next().
+// Gathers this rank's micro-batches of the blended sources on a background thread, in training
+// order from `start_sample` on, keeping `prefetch` of them ready. With pin_memory (CUDA runs) the
+// buffers are page-locked so the copy to the device can be asynchronous. An error on the thread is
+// rethrown by next().
 class Loader {
  public:
-  Loader(const TokenWindows& windows, Sampler sampler, int64_t rank, int64_t start_sample,
-         int64_t prefetch, bool pin_memory);
+  Loader(std::vector<const TokenWindows*> sources, BlendedSampler sampler, int64_t rank,
+         int64_t start_sample, int64_t prefetch, bool pin_memory);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -40,8 +42,11 @@ class Loader {
  private:
   void produce();
 
-  const TokenWindows& windows_;
-  Sampler sampler_;
+  MicroBatch gather(const std::vector<BlendedSampler::Sample>& samples) const;
+
+  std::vector<const TokenWindows*> sources_;
+  std::vector<int64_t> first_window_;  // each source's first window in the numbering of `windows`
+  BlendedSampler sampler_;
   int64_t rank_;
   int64_t prefetch_;
   bool pin_memory_;

@@ -8,8 +8,7 @@
 
 namespace mltrain {
 
-Sampler::Sampler(int64_t num_windows, uint64_t seed, BatchLayout layout)
-    : num_windows_(num_windows), seed_(seed), layout_(layout) {}
+Sampler::Sampler(int64_t num_windows, uint64_t seed) : num_windows_(num_windows), seed_(seed) {}
 
 const std::vector<int64_t>& Sampler::permutation(int64_t epoch) {
   auto found = permutations_.find(epoch);
@@ -25,13 +24,6 @@ const std::vector<int64_t>& Sampler::permutation(int64_t epoch) {
 
 int64_t Sampler::window_of_sample(int64_t sample) {
   return permutation(sample / num_windows_)[sample % num_windows_];
-}
-
-std::vector<int64_t> Sampler::windows(int64_t step_start, int64_t micro_step, int64_t rank) {
-  const int64_t first = step_start + (micro_step * layout_.world_size + rank) * layout_.micro_batch;
-  std::vector<int64_t> result(layout_.micro_batch);
-  for (int64_t i = 0; i < layout_.micro_batch; ++i) result[i] = window_of_sample(first + i);
-  return result;
 }
 
 int64_t validation_batches(int64_t num_windows, const BatchLayout& layout, int64_t eval_batches) {

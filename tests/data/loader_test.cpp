@@ -17,15 +17,17 @@ TEST(Loader, DeliversTheSamplersWindowsInTrainingOrder) {
   write_shard(dir / "train_000000.bin", tokens, 4096);
   const TokenWindows windows((dir / "train_*.bin").string(), 16, 4096);
   const BatchLayout layout{.micro_batch = 3, .grad_accum = 2, .world_size = 2};
-  Sampler reference(windows.num_windows(), 5, layout);
+  BlendedSampler reference({{windows.num_windows(), 1.0, 5}}, layout, {0, {0}});
 
   const int64_t start = 5 * layout.global_batch();  // as if resumed after 5 steps
-  Loader loader(windows, Sampler(windows.num_windows(), 5, layout), /*rank=*/1, start,
-                /*prefetch=*/2, /*pin_memory=*/false);
+  Loader loader({&windows}, BlendedSampler({{windows.num_windows(), 1.0, 5}}, layout, {0, {0}}),
+                /*rank=*/1, start, /*prefetch=*/2, /*pin_memory=*/false);
   for (int64_t step = 5; step < 40; ++step) {  // 40 steps run past the first epoch
     for (int64_t micro = 0; micro < 2; ++micro) {
       const MicroBatch batch = loader.next();
-      const auto indices = reference.windows(step * layout.global_batch(), micro, 1);
+      std::vector<int64_t> indices;
+      for (const auto& sample : reference.windows(step * layout.global_batch(), micro, 1))
+        indices.push_back(sample.window);
       ASSERT_EQ(batch.tokens.sizes(), (std::vector<int64_t>{3, 17}));
       EXPECT_EQ(batch.windows, indices);
       for (int64_t row = 0; row < 3; ++row) {

@@ -1,5 +1,7 @@
 #include "data/sampler.h"
 
+#include "data/blended_sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,15 +11,20 @@
 namespace mltrain {
 namespace {
 
+// The run's order over one corpus of `n` windows: a blend of one source, as data.train gives.
+BlendedSampler one_corpus(int64_t n, uint64_t seed, BatchLayout layout) {
+  return BlendedSampler({{n, 1.0, seed}}, layout, {0, {0}});
+}
+
 // Every window a whole optimizer step reads, over all ranks and micro-steps.
-std::vector<int64_t> step_windows(Sampler& sampler, int64_t step_start) {
+std::vector<int64_t> step_windows(BlendedSampler& sampler, int64_t step_start) {
   std::vector<int64_t> all;
   const BatchLayout& layout = sampler.layout();
   for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
     for (int64_t rank = 0; rank < layout.world_size; ++rank) {
       const auto part = sampler.windows(step_start, micro, rank);
       EXPECT_EQ(static_cast<int64_t>(part.size()), layout.micro_batch);
-      all.insert(all.end(), part.begin(), part.end());
+      for (const BlendedSampler::Sample& sample : part) all.push_back(sample.window);
     }
   }
   return all;
@@ -25,7 +32,7 @@ std::vector<int64_t> step_windows(Sampler& sampler, int64_t step_start) {
 
 TEST(Sampler, EachEpochReadsEveryWindowExactlyOnce) {
   const int64_t n = 1000;
-  Sampler sampler(n, 7, {.micro_batch = 3, .grad_accum = 2, .world_size = 4});
+  BlendedSampler sampler = one_corpus(n, 7, {.micro_batch = 3, .grad_accum = 2, .world_size = 4});
   std::vector<int64_t> read;
   for (int64_t start = 0; start < 2 * n; start += 24) {
     const auto step = step_windows(sampler, start);
@@ -45,9 +52,9 @@ TEST(Sampler, EachEpochReadsEveryWindowExactlyOnce) {
 
 TEST(Sampler, AStepReadsTheSameWindowsOnAnyWorldSize) {
   const int64_t n = 5000;
-  Sampler one(n, 3, {.micro_batch = 8, .grad_accum = 2, .world_size = 1});
-  Sampler two(n, 3, {.micro_batch = 4, .grad_accum = 2, .world_size = 2});
-  Sampler four(n, 3, {.micro_batch = 2, .grad_accum = 2, .world_size = 4});
+  BlendedSampler one = one_corpus(n, 3, {.micro_batch = 8, .grad_accum = 2, .world_size = 1});
+  BlendedSampler two = one_corpus(n, 3, {.micro_batch = 4, .grad_accum = 2, .world_size = 2});
+  BlendedSampler four = one_corpus(n, 3, {.micro_batch = 2, .grad_accum = 2, .world_size = 4});
   for (int64_t start :
        {int64_t{0}, int64_t{16}, int64_t{4992}, int64_t{16 * 400}}) {  // 4992: spans epochs
     auto a = step_windows(one, start), b = step_windows(two, start), c = step_windows(four, start);
@@ -61,18 +68,18 @@ TEST(Sampler, AStepReadsTheSameWindowsOnAnyWorldSize) {
 
 TEST(Sampler, ResumingFromACountContinuesTheSameSequence) {
   const BatchLayout layout{.micro_batch = 4, .grad_accum = 3, .world_size = 2};
-  Sampler unbroken(777, 11, layout);
+  BlendedSampler unbroken = one_corpus(777, 11, layout);
   std::vector<std::vector<int64_t>> expected;
   for (int64_t start = 0; start < 100 * 24; start += 24)
     expected.push_back(step_windows(unbroken, start));
-  Sampler resumed(777, 11, layout);  // a new process that only knows the count, 37 steps in
+  BlendedSampler resumed = one_corpus(777, 11, layout);  // a new process that knows the count
   for (int64_t step = 37; step < 100; ++step) {
     EXPECT_EQ(step_windows(resumed, step * 24), expected[step]) << "step " << step;
   }
 }
 
 TEST(Sampler, SeedsGiveDifferentOrders) {
-  Sampler a(1000, 1, {}), b(1000, 2, {});
+  Sampler a(1000, 1), b(1000, 2);
   int64_t same = 0;
   for (int64_t i = 0; i < 1000; ++i) same += a.window_of_sample(i) == b.window_of_sample(i);
   EXPECT_LT(same, 20);

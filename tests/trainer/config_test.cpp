@@ -216,6 +216,41 @@ TEST(Config, DumpedConfigLoadsBackToTheSameConfig) {
   EXPECT_FALSE(reloaded.model.tie_word_embeddings);
 }
 
+// data.sources, a list of mappings, dumps as YAML that loads back to the same sources; each kind of
+// bad entry is one line naming the entry.
+TEST(Config, DataSourcesRoundTripAndBadEntriesAreNamed) {
+  TemporaryDirectory dir;
+  write_text(
+      dir / "run.yaml",
+      "data:\n  sources:\n"
+      "    - {name: web, train: \"w/train_*.bin\", val: \"w/val_*.bin\", weight: 0.7}\n"
+      "    - name: \"odd: 'code' #1\"\n      train: c/train_*.bin\n      val: c/val_*.bin\n");
+  const Config original = load_config(dir / "run.yaml");
+  ASSERT_EQ(original.sources.size(), 2u);
+  EXPECT_EQ(original.sources[1].weight, 1.0) << "the default weight";
+  write_text(dir / "dumped.yaml", config_to_yaml(original));
+  const Config reloaded = load_config(dir / "dumped.yaml");
+  EXPECT_EQ(reloaded.sources, original.sources);
+  EXPECT_EQ(reloaded.sources[1].name, "odd: 'code' #1");
+
+  const std::string entry = "{name: a, train: t, val: v}";
+  EXPECT_CONTAINS(config_error("data:\n  sources: {name: a}\n"), "data.sources must be a list");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{train: t, val: v}]\n"),
+                  "data.sources entry 1: no name");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [" + entry + ", {name: a, train: u, val: w}]\n"),
+                  "data.sources entry 2: the name a is given twice");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: -1}]\n"),
+                  "data.sources entry 1 (a): weight must be a finite number of at least 0, got -1");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: 0}]\n"),
+                  "every weight of data.sources is 0");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, wieght: 1}]\n"),
+                  "data.sources entry 1: unknown key wieght");
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: lots}]\n"),
+                  "weight must be a number, got lots");
+  EXPECT_EQ(config_error("data:\n  train: x.bin\n  sources: [" + entry + "]\n"), "")
+      << "a config for one corpus takes data.sources over it";
+}
+
 // dist.overlap was a bool before it took auto: a config saved then (overlap: true, unquoted)
 // still loads, and a value outside the three is refused by name.
 TEST(Config, DistOverlapTakesAutoAndTheBoolsOfOlderConfigs) {

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/blended_sampler.h"
 #include "data/loader.h"
-#include "data/sampler.h"
 #include "data/token_windows.h"
 #include "model/hf_state_dict.h"
 #include "model/llama.h"
@@ -72,18 +72,25 @@ std::string reference_config(const Config& config) {
   return json.dump();
 }
 
+std::vector<int64_t> window_indices(const std::vector<BlendedSampler::Sample>& samples) {
+  std::vector<int64_t> indices;
+  for (const BlendedSampler::Sample& sample : samples) indices.push_back(sample.window);
+  return indices;
+}
+
 // The windows of every micro-step of the run, [steps, grad_accum, micro_batch, seq_len + 1], as
 // its loader reads them (the sampler has tests of its own).
 at::Tensor run_batches(const Config& config) {
   const TokenWindows windows(config.data.train, config.data.seq_len, config.model.vocab_size);
   const BatchLayout layout{config.data.micro_batch, config.data.grad_accum, 1};
-  Sampler sampler(windows.num_windows(), config.data.seed, layout);
+  BlendedSampler sampler({{windows.num_windows(), 1.0, static_cast<uint64_t>(config.data.seed)}},
+                         layout, {0, {0}});
   std::vector<at::Tensor> steps;
   for (int64_t step = 0; step < kSteps; ++step) {
     std::vector<at::Tensor> micro_steps;
     for (int64_t micro = 0; micro < layout.grad_accum; ++micro)
-      micro_steps.push_back(
-          gather_windows(windows, sampler.windows(step * layout.global_batch(), micro, 0)));
+      micro_steps.push_back(gather_windows(
+          windows, window_indices(sampler.windows(step * layout.global_batch(), micro, 0))));
     steps.push_back(at::stack(micro_steps));
   }
   return at::stack(steps);

@@ -45,6 +45,7 @@ class StateReader {
   }
 
   bool has(const std::string& key) const { return json_.contains(key); }
+  const std::filesystem::path& path() const { return path_; }
 
   const Json& at(const std::string& key) const {
     const auto found = json_.find(key);
@@ -95,6 +96,39 @@ class StateReader {
   std::filesystem::path path_;
 };
 
+// "blend": {"start", "sources": [{"name", "weight", "consumed", "consumed_at_start"}]}: the counts
+// add up to at most the samples consumed, and the start (less where a source was dropped from
+// data.sources on the way).
+void read_blend(const StateReader& state, TrainingProgress& progress) {
+  const Json& blend = state.at("blend");
+  if (!blend.is_object() || !blend.contains("sources") || !blend["sources"].is_array() ||
+      blend["sources"].empty())
+    state.fail("blend", "must be an object with \"start\" and a list of \"sources\"");
+  const StateReader reader(blend, state.path());
+  progress.blend_start = reader.integer("start", 0, progress.samples_consumed);
+  int64_t consumed = 0;
+  int64_t at_start = 0;
+  for (const Json& entry : blend["sources"]) {
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string())
+      state.fail("blend", "has a source that is not an object with a \"name\"");
+    const StateReader source(entry, state.path());
+    SourceProgress read;
+    read.name = entry["name"].get<std::string>();
+    read.weight = source.non_negative("weight", false);
+    read.consumed = source.integer("consumed", 0, progress.samples_consumed);
+    read.consumed_at_start = source.integer("consumed_at_start", 0, read.consumed);
+    consumed += read.consumed;
+    at_start += read.consumed_at_start;
+    progress.sources.push_back(std::move(read));
+  }
+  if (consumed > progress.samples_consumed || at_start > progress.blend_start) {
+    state.fail("blend",
+               fmt::format("counts {} samples and {} before its start, more than the "
+                           "checkpoint's {} and the blend's start, {}",
+                           consumed, at_start, progress.samples_consumed, progress.blend_start));
+  }
+}
+
 TrainingProgress read_progress(const StateReader& state) {
   TrainingProgress progress;
   progress.step = state.integer("step", 1, kMostCount);
@@ -105,6 +139,7 @@ TrainingProgress read_progress(const StateReader& state) {
   progress.best_val_loss = state.non_negative("best_val_loss", true);
   // Checkpoints from before the spike guard have none: its level starts again.
   if (state.has("loss_level")) progress.loss_level = state.non_negative("loss_level", false);
+  if (state.has("blend")) read_blend(state, progress);
   return progress;
 }
 
@@ -136,7 +171,7 @@ std::map<std::string, std::string> read_checksums(const StateReader& state) {
 
 std::string checkpoint_state_json(const CheckpointState& state) {
   const TrainingProgress& progress = state.progress;
-  const Json json = {
+  Json json = {
       {"format", kStateFormat},
       {"step", progress.step},
       {"samples_consumed", progress.samples_consumed},
@@ -150,6 +185,16 @@ std::string checkpoint_state_json(const CheckpointState& state) {
       {"checksums_xxh3", state.checksums},
       {"versions", {{"mltrain", MLTRAIN_VERSION}, {"torch", TORCH_VERSION}}},
   };
+  if (!progress.sources.empty()) {
+    Json sources = Json::array();
+    for (const SourceProgress& source : progress.sources) {
+      sources.push_back({{"name", source.name},
+                         {"weight", source.weight},
+                         {"consumed", source.consumed},
+                         {"consumed_at_start", source.consumed_at_start}});
+    }
+    json["blend"] = {{"start", progress.blend_start}, {"sources", std::move(sources)}};
+  }
   return json.dump(2) + "\n";
 }
 

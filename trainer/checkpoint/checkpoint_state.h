@@ -12,6 +12,14 @@ namespace mltrain {
 
 // Where a run stands: what a checkpoint records besides the tensors. The data order is a function
 // of samples_consumed, so it is the only data state there is.
+// A source of a blend (data.sources) as a checkpoint records it.
+struct SourceProgress {
+  std::string name;
+  double weight = 0.0;
+  int64_t consumed = 0;           // its samples among the run's samples_consumed
+  int64_t consumed_at_start = 0;  // its samples before the blend's start
+};
+
 struct TrainingProgress {
   int64_t step = 0;  // optimizer steps done
   int64_t samples_consumed = 0;
@@ -19,6 +27,10 @@ struct TrainingProgress {
   double learning_rate = 0.0;  // of the last step
   double best_val_loss = std::numeric_limits<double>::infinity();
   double loss_level = 0.0;  // the spike guard's running level (spike_guard.h); 0: none yet
+  // data.sources: each source's count, and the sample from which their weights apply
+  // (data/blended_sampler.h's segment); empty for one corpus, as in checkpoints before blends.
+  std::vector<SourceProgress> sources;
+  int64_t blend_start = 0;
 };
 
 // A checkpoint's state.json: the progress, the world size that saved it, the CPU generator's

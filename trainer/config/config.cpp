@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/type_name.h"
+#include "trainer/config/data_sources.h"
 
 namespace mltrain {
 namespace {
@@ -31,7 +32,27 @@ struct KeySpec {
   std::function<void(Config&, const YAML::Node&, const Origin&)> read;
   std::function<std::string(const Config&)> show;
   bool quoted = false;  // strings are written quoted so any text survives the round trip
+  // How the YAML writes a value that is not one scalar (data.sources); none: show()'s text.
+  std::function<void(YAML::Emitter&, const Config&)> emit;
 };
+
+// data.sources, a list (config/data_sources.h).
+KeySpec data_sources_key() {
+  KeySpec spec;
+  spec.path = "data.sources";
+  spec.description =
+      "corpora to blend, a list of {name, train, val, weight}: each source's share of the "
+      "training samples is its weight over the sum, and validation reports each (empty: the one "
+      "corpus of data.train and data.val)";
+  spec.read = [](Config& config, const YAML::Node& node, const Origin& origin) {
+    config.sources = read_data_sources(node, origin);
+  };
+  spec.show = [](const Config& config) { return show_data_sources(config.sources); };
+  spec.emit = [](YAML::Emitter& out, const Config& config) {
+    emit_data_sources(out, config.sources);
+  };
+  return spec;
+}
 
 // The limits a value must respect; each key sets the ones that apply.
 struct Limits {
@@ -129,7 +150,8 @@ const std::vector<KeySpec>& key_specs() {
       key(&Config::init_from, "model.init_from",
           "Hugging Face LLaMA directory whose weights a fresh run starts from; its config.json "
           "must match the model.* keys (empty: seeded initial weights)"),
-      MLTRAIN_DATA_KEYS(MLTRAIN_KEY_SPEC, data)    //
+      MLTRAIN_DATA_KEYS(MLTRAIN_KEY_SPEC, data)  //
+      data_sources_key(),
       MLTRAIN_OPTIM_KEYS(MLTRAIN_KEY_SPEC, optim)  //
       MLTRAIN_TRAIN_KEYS(MLTRAIN_KEY_SPEC, train)  //
       MLTRAIN_DIST_KEYS(MLTRAIN_KEY_SPEC, dist)    //
@@ -365,6 +387,7 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: optim.warmup_steps ({}) exceeds train.max_steps ({})", source,
                                 config.optim.warmup_steps, config.train.max_steps));
   }
+  check_data_sources(config, source);
   if (config.optim.name == "muon" && config.optim.lr == 0.0 && config.optim.muon_lr > 0.0) {
     throw UserError(fmt::format(
         "{}: optim.muon_lr ({}) is scaled by the schedule of optim.lr, which is 0: give optim.lr "
@@ -411,6 +434,10 @@ std::string config_to_yaml(const Config& config) {
       open_section = section;
     }
     out << YAML::Key << spec.path.substr(dot + 1) << YAML::Value;
+    if (spec.emit) {
+      spec.emit(out, config);
+      continue;
+    }
     if (spec.quoted) out << YAML::DoubleQuoted;
     out << spec.show(config);
   }
@@ -440,7 +467,15 @@ Config with_absolute_data_paths(Config config) {
   if (!std::filesystem::exists(config.data.tokenizer)) config.data.tokenizer.clear();
   for (std::string* path :
        {&config.data.train, &config.data.val, &config.data.tokenizer, &config.init_from}) {
-    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+    // Beside data.sources, data.train and data.val are not read: they stay as given.
+    const bool unused =
+        !config.sources.empty() && (path == &config.data.train || path == &config.data.val);
+    if (!path->empty() && !unused)
+      *path = std::filesystem::absolute(*path).lexically_normal().string();
+  }
+  for (DataSource& source : config.sources) {
+    for (std::string* path : {&source.train, &source.val})
+      *path = std::filesystem::absolute(*path).lexically_normal().string();
   }
   return config;
 }

@@ -157,6 +157,17 @@ struct StepRange {
 // 1 <= FIRST <= LAST is a UserError (load_config refuses it).
 std::optional<StepRange> profile_step_range(const std::string& text);
 
+// One corpus of data.sources: its name (in logs, metrics and checkpoints), the globs of its
+// training and validation shards, and its weight (a source's share of the training samples is its
+// weight over the sum).
+struct DataSource {
+  std::string name;
+  std::string train;
+  std::string val;
+  double weight = 1.0;
+  bool operator==(const DataSource&) const = default;
+};
+
 // Everything a run is configured by: defaults, then a YAML file, then --set overrides.
 struct Config {
   ModelConfig model;
@@ -166,6 +177,10 @@ struct Config {
   // outside the lists.
   std::string init_from;
   DataConfig data;
+  // data.sources: the corpora to blend; empty, the one corpus of data.train and data.val. A list,
+  // kept out of DataConfig's scalar keys; its doc line, reading and writing are
+  // config/data_sources.h's.
+  std::vector<DataSource> sources;
   OptimConfig optim;
   TrainConfig train;
   DistConfig dist;

@@ -1,6 +1,7 @@
 #include "trainer/run/evaluation.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -42,6 +43,37 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
   return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
 }
 
+SourcesEvaluation evaluate_sources(Llama& model, const std::vector<RunSource>& sources,
+                                   const BatchLayout& layout, int64_t eval_batches,
+                                   c10::Device device, bool bf16, Communicator& communicator) {
+  SourcesEvaluation result;
+  const std::vector<double> shares = shares_of(sources);
+  double loss = 0.0;
+  int64_t tokens = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const Evaluation evaluation =
+        evaluate(model, sources[s].val, layout, eval_batches, device, bf16, communicator);
+    loss += shares[s] * evaluation.loss;
+    tokens += evaluation.tokens;
+    if (!sources[s].name.empty()) result.by_source.emplace_back(sources[s].name, evaluation);
+  }
+  result.mean = {loss, std::exp(loss), tokens};
+  return result;
+}
+
+std::string SourcesEvaluation::by_source_text() const {
+  std::string text;
+  for (const auto& [name, evaluation] : by_source)
+    text += fmt::format("{}{} {:.4f}", text.empty() ? " | " : ", ", name, evaluation.loss);
+  return text;
+}
+
+nlohmann::json SourcesEvaluation::by_source_json() const {
+  nlohmann::json json = nlohmann::json::object();
+  for (const auto& [name, evaluation] : by_source) json["val_loss/" + name] = evaluation.loss;
+  return json;
+}
+
 Evaluation evaluate_weights(const Config& run_config, const std::filesystem::path& weights) {
   // A Hugging Face directory is checked against the config by its config.json; mltrain's
   // checkpoints by their checksums.
@@ -53,7 +85,7 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
   check_tokenizer(config);
   const c10::Device device = resolve_device(config.train.device);
   const bool bf16 = use_bf16_autocast(config.train.precision, device);
-  const TokenWindows val_windows = open_windows(config.data.val, config, "val");
+  const std::vector<RunSource> sources = open_sources(config, /*train=*/false);
   // The weights are held against the config before a model of it is built.
   if (hf_directory) {
     check_hf_model_config(config.model, file);
@@ -68,11 +100,12 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
   }
   model->to(device);
   const auto single_rank = make_communicator(World());
-  const Evaluation evaluation =
-      evaluate(model, val_windows, {config.data.micro_batch, config.data.grad_accum, 1},
-               config.train.eval_batches, device, bf16, *single_rank);
-  spdlog::info("{}: val loss {:.6f} | val ppl {:.2f} | {} tokens", file.string(), evaluation.loss,
-               evaluation.perplexity, evaluation.tokens);
+  const SourcesEvaluation evaluated =
+      evaluate_sources(model, sources, {config.data.micro_batch, config.data.grad_accum, 1},
+                       config.train.eval_batches, device, bf16, *single_rank);
+  const Evaluation& evaluation = evaluated.mean;
+  spdlog::info("{}: val loss {:.6f} | val ppl {:.2f} | {} tokens{}", file.string(), evaluation.loss,
+               evaluation.perplexity, evaluation.tokens, evaluated.by_source_text());
   // The record goes to the run that saved the checkpoint, wherever it now is, and only there:
   // weights of no run (a Hugging Face directory) leave every run directory as it was.
   const std::optional<std::filesystem::path> run_dir =
@@ -82,10 +115,12 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
     // The evaluation is done and reported: a run directory it may not write (read-only, say) only
     // keeps it out of the record.
     try {
-      MetricsLog(metrics).write({{"event", "eval_only"},
-                                 {"weights", file.string()},
-                                 {"val_loss", evaluation.loss},
-                                 {"val_ppl", evaluation.perplexity}});
+      nlohmann::json record = {{"event", "eval_only"},
+                               {"weights", file.string()},
+                               {"val_loss", evaluation.loss},
+                               {"val_ppl", evaluation.perplexity}};
+      record.update(evaluated.by_source_json());
+      MetricsLog(metrics).write(record);
     } catch (const std::exception& error) {
       spdlog::warn("the evaluation is not recorded in {}: {}", metrics.string(), error.what());
     }

@@ -46,18 +46,110 @@ std::string read_tokenizer_model(const Config& config) {
   return InputFile(path, "tokenizer").read_all(kMostTokenizerBytes);
 }
 
-void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows) {
+namespace {
+
+// The bytes of a tokenizer file, for comparing them; "" where there is none.
+std::string tokenizer_bytes(const std::filesystem::path& path) {
+  constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
+  std::error_code missing;
+  if (!std::filesystem::is_regular_file(path, missing)) return "";
+  return InputFile(path, "tokenizer").read_all(kMostTokenizerBytes);
+}
+
+// Blended corpora must share their token ids: a tokenizer.model that mlprep left beside a
+// source's training shards must be the run's (or, without one, the other sources').
+void check_one_tokenizer(const Config& config) {
+  std::filesystem::path reference = config.data.tokenizer;
+  std::string expected = reference.empty() ? "" : tokenizer_bytes(reference);
+  for (const DataSource& source : config.sources) {
+    const std::filesystem::path beside =
+        std::filesystem::path(source.train).parent_path() / "tokenizer.model";
+    const std::string bytes = tokenizer_bytes(beside);
+    if (bytes.empty()) continue;
+    if (expected.empty()) {
+      reference = beside;
+      expected = bytes;
+    } else if (bytes != expected) {
+      throw UserError(fmt::format(
+          "data.sources {}: its shards were made with another tokenizer ({} differs from {}): "
+          "blended corpora must share token ids; prepare each with the same one (mlprep "
+          "--tokenizer {})",
+          source.name, beside.string(), reference.string(), reference.string()));
+    }
+  }
+}
+
+TokenWindows open_source_windows(const std::string& pattern, const Config& config,
+                                 const std::string& split, const std::string& name) {
+  try {
+    return open_windows(pattern, config, split.c_str());
+  } catch (const UserError& error) {
+    throw UserError(fmt::format("data.sources {}: {}", name, error.what()));
+  }
+}
+
+}  // namespace
+
+std::vector<RunSource> open_sources(const Config& config, bool train) {
+  std::vector<RunSource> sources;
+  if (config.sources.empty()) {
+    std::optional<TokenWindows> train_windows;
+    if (train) train_windows.emplace(open_windows(config.data.train, config, "train"));
+    sources.push_back(
+        {"", 1.0, std::move(train_windows), open_windows(config.data.val, config, "val")});
+    return sources;
+  }
+  // A config made for one corpus (configs/smoke.yaml) keeps its data.train and data.val when
+  // data.sources is set over it: they are not read.
+  const DataConfig defaults;
+  if (config.data.train != defaults.train || config.data.val != defaults.val) {
+    spdlog::info("data.sources is given: data.train ({}) and data.val ({}) are not read",
+                 config.data.train, config.data.val);
+  }
+  check_one_tokenizer(config);
+  for (const DataSource& source : config.sources) {
+    std::optional<TokenWindows> train_windows;
+    if (train)
+      train_windows.emplace(open_source_windows(source.train, config,
+                                                fmt::format("{} train", source.name), source.name));
+    sources.push_back(
+        {source.name, source.weight, std::move(train_windows),
+         open_source_windows(source.val, config, fmt::format("{} val", source.name), source.name)});
+  }
+  return sources;
+}
+
+BlendedSampler blend_of(const std::vector<RunSource>& sources, const Config& config,
+                        const BatchLayout& layout, BlendSegment segment) {
+  std::vector<BlendSource> blend;
+  for (const RunSource& source : sources) {
+    blend.push_back({source.train->num_windows(), source.weight,
+                     source_seed(static_cast<uint64_t>(config.data.seed), source.name)});
+  }
+  return BlendedSampler(std::move(blend), layout, std::move(segment));
+}
+
+std::vector<double> shares_of(const std::vector<RunSource>& sources) {
+  double total = 0.0;
+  for (const RunSource& source : sources) total += source.weight;
+  std::vector<double> shares;
+  for (const RunSource& source : sources) shares.push_back(source.weight / total);
+  return shares;
+}
+
+void check_batch_fits(const BatchLayout& layout, const std::vector<RunSource>& sources) {
+  int64_t windows = 0;
+  for (const RunSource& source : sources) windows += source.train->num_windows();
   // Counted in double: with enough ranks the product can pass what 64 bits hold.
   const double global_batch = static_cast<double>(layout.micro_batch) *
                               static_cast<double>(layout.grad_accum) *
                               static_cast<double>(layout.world_size);
-  if (global_batch <= static_cast<double>(train_windows.num_windows())) return;
+  if (global_batch <= static_cast<double>(windows)) return;
   throw UserError(
       fmt::format("a global batch of {} windows (data.micro_batch {} x data.grad_accum {} x {} "
                   "ranks) is more than the {} windows of the training data: lower "
                   "data.micro_batch or data.grad_accum, or add data",
-                  global_batch, layout.micro_batch, layout.grad_accum, layout.world_size,
-                  train_windows.num_windows()));
+                  global_batch, layout.micro_batch, layout.grad_accum, layout.world_size, windows));
 }
 
 }  // namespace mltrain

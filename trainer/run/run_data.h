@@ -1,5 +1,10 @@
 #pragma once
 
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/blended_sampler.h"
 #include "data/sampler.h"
 #include "data/token_windows.h"
 #include "trainer/config/config.h"
@@ -11,6 +16,30 @@ namespace mltrain {
 // Opens and validates the shards of `pattern` (the `split` of the log line: "train" or "val") as
 // windows of data.seq_len + 1 tokens, and logs their size.
 TokenWindows open_windows(const std::string& pattern, const Config& config, const char* split);
+
+// A corpus the run reads: an entry of data.sources, or the one corpus of data.train and data.val
+// (named "", weight 1).
+struct RunSource {
+  std::string name;
+  double weight = 1.0;
+  std::optional<TokenWindows> train;  // none where only validation reads the sources
+  TokenWindows val;
+};
+
+// Opens and validates every source's shards (with `train`, the training shards too), logging each
+// source's tokens and windows, and checks
+// that the sources were made with one tokenizer: a tokenizer.model beside a source's training
+// shards that differs from data.tokenizer (or, without one, from another source's) is a UserError
+// naming the source, as is a glob that matches nothing.
+std::vector<RunSource> open_sources(const Config& config, bool train = true);
+
+// The run's training order over `sources` from `segment` (data/blended_sampler.h), each source
+// with its seed under data.seed.
+BlendedSampler blend_of(const std::vector<RunSource>& sources, const Config& config,
+                        const BatchLayout& layout, BlendSegment segment);
+
+// Each source's share of the training samples: its weight over the sum.
+std::vector<double> shares_of(const std::vector<RunSource>& sources);
 
 // Checks that data.tokenizer's vocabulary fits model.vocab_size. Training and evaluation read
 // token shards, not text, so they need no tokenizer: without one (data.tokenizer empty, or the
@@ -24,6 +53,6 @@ std::string read_tokenizer_model(const Config& config);
 
 // A global batch (micro_batch x grad_accum x ranks windows) larger than the training windows is a
 // UserError: each step would read some windows more than once, and the batch may not fit memory.
-void check_batch_fits(const BatchLayout& layout, const TokenWindows& train_windows);
+void check_batch_fits(const BatchLayout& layout, const std::vector<RunSource>& sources);
 
 }  // namespace mltrain

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -131,6 +132,34 @@ double muon_lr_ratio(const OptimConfig& optim) {
   return optim.lr > 0 ? optim.muon_lr / optim.lr : 0.0;
 }
 
+// Where the blend's current weights began (data/blended_sampler.h): where the checkpoint's did,
+// when it blended the same sources at the same weights; else at the samples consumed, each source
+// going on from its own count (a new one from 0), which keeps every source's epoch whole.
+BlendSegment blend_segment(const std::vector<RunSource>& sources,
+                           const TrainingProgress& progress) {
+  std::vector<int64_t> consumed;
+  std::vector<int64_t> at_start;
+  bool same = progress.sources.size() == sources.size();
+  for (const RunSource& source : sources) {
+    const auto saved = std::find_if(progress.sources.begin(), progress.sources.end(),
+                                    [&](const SourceProgress& s) { return s.name == source.name; });
+    const bool found = saved != progress.sources.end();
+    consumed.push_back(found ? saved->consumed : 0);
+    at_start.push_back(found ? saved->consumed_at_start : 0);
+    same = same && found && saved->weight == source.weight;
+  }
+  // One corpus, from a checkpoint of one corpus (which records no blend): its order from sample 0.
+  const bool one_corpus = sources.size() == 1 && sources.front().name.empty();
+  if (progress.samples_consumed == 0 || (one_corpus && progress.sources.empty()))
+    return {0, std::vector<int64_t>(sources.size(), 0)};
+  if (same) return {progress.blend_start, at_start};
+  spdlog::info(
+      "the data sources or their weights differ from the checkpoint's: from sample {} on the "
+      "blend takes the configured weights, each source going on where it stopped",
+      progress.samples_consumed);
+  return {progress.samples_consumed, consumed};
+}
+
 void load_init_from(Llama& model, const std::string& directory) {
   check_init_from(directory, model->config());
   load_hf_model(model, directory);
@@ -157,6 +186,8 @@ class TrainingRun {
   void open_outputs();
   void open_profiler();
   void announce();
+  void announce_sources();
+  void record_blend();
   void record_step(const StepResult& result);
   std::optional<StepValues> read_steps();
   bool count_skipped_step(int64_t step, const StepValues& values);
@@ -177,8 +208,9 @@ class TrainingRun {
   const PrecisionChoice precision_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
-  TokenWindows train_windows_;
-  TokenWindows val_windows_;
+  std::vector<RunSource> sources_;       // the corpora, whole before any pointer to them is taken
+  BlendSegment segment_;                 // where the blend's current weights began
+  std::optional<BlendedSampler> blend_;  // the training order, for the checkpoints' counts
   std::filesystem::path run_dir_;
   CheckpointStore checkpoints_;
   CheckpointWriter checkpoint_writer_;  // rank 0's saves; waits for a background write on exit
@@ -229,8 +261,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       communicator_(make_communicator(world, device_, config.dist.backend,
                                       static_cast<double>(config.dist.timeout_s),
                                       config.dist.rendezvous)),
-      train_windows_(open_windows(config.data.train, config, "train")),
-      val_windows_(open_windows(config.data.val, config, "val")),
+      sources_(open_sources(config)),
       run_dir_(config.train.run_dir),
       checkpoints_(run_dir_),
       checkpoint_writer_(checkpoints_, config.train.async_checkpoint,
@@ -251,7 +282,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
 // Needs the opened windows. The data checks: the global batch fits the training windows, and the
 // tokenizer the model's vocabulary.
 void TrainingRun::check_data() {
-  check_batch_fits(layout_, train_windows_);
+  check_batch_fits(layout_, sources_);
   tokens_per_step_ = layout_.global_batch() * config_.data.seq_len;
   check_tokenizer(config_);
   // Read once, so that every checkpoint carries the tokenizer the run started with, whatever
@@ -375,15 +406,19 @@ void TrainingRun::restore_state(const std::string& resume) {
     load_init_from(model_, config_.init_from);
   }
   schedule_.emplace(config_.train, progress_.step);
+  segment_ = blend_segment(sources_, progress_);
 }
 
 // Needs the restored progress (the loader starts at the samples consumed, the spike guard at its
 // level) and the schedule: the loader, and what the step works with.
 void TrainingRun::start_data() {
   spike_guard_.emplace(config_.train.spike_guard, progress_.loss_level, device_);
-  loader_ = std::make_unique<Loader>(
-      train_windows_, Sampler(train_windows_.num_windows(), config_.data.seed, layout_),
-      world_.rank, progress_.samples_consumed, config_.data.prefetch, device_.is_cuda());
+  blend_.emplace(blend_of(sources_, config_, layout_, segment_));
+  std::vector<const TokenWindows*> train_windows;
+  for (const RunSource& source : sources_) train_windows.push_back(&*source.train);
+  loader_ = std::make_unique<Loader>(std::move(train_windows), *blend_, world_.rank,
+                                     progress_.samples_consumed, config_.data.prefetch,
+                                     device_.is_cuda());
   step_parts_.emplace(StepParts{.model = model_,
                                 .loader = *loader_,
                                 .optimizer = *optimizer_,
@@ -470,12 +505,7 @@ void TrainingRun::announce() {
                shards_optimizer(config_, world_.size)
                    ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
                    : "");
-  spdlog::info(
-      "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
-      "training data",
-      max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
-      static_cast<double>(max_steps) * static_cast<double>(layout_.global_batch()) /
-          static_cast<double>(train_windows_.num_windows()));
+  announce_sources();
   // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
   // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
   if (launched_by_mpirun()) {
@@ -495,6 +525,56 @@ void TrainingRun::announce() {
                      {"optimizer_state_bytes", optimizer_->state_bytes()},
                      {"device", describe_device(device_)}});
   }
+}
+
+// The training data: each source's tokens, windows, share and the epochs of it that the run will
+// have read by its last step, with a warning for each that it repeats.
+void TrainingRun::announce_sources() {
+  const int64_t max_steps = schedule_->max_steps();
+  const auto samples_at_end =
+      static_cast<double>(max_steps) * static_cast<double>(layout_.global_batch());
+  int64_t windows = 0;
+  for (const RunSource& source : sources_) windows += source.train->num_windows();
+  spdlog::info(
+      "{} steps of {} tokens ({} ranks x {} windows x {} micro-steps); {:.2f} epochs of the "
+      "training data",
+      max_steps, tokens_per_step_, world_.size, layout_.micro_batch, layout_.grad_accum,
+      samples_at_end / static_cast<double>(windows));
+  if (sources_.size() == 1 && sources_.front().name.empty()) return;
+  const std::vector<double> shares = shares_of(sources_);
+  const std::vector<int64_t> consumed = blend_->consumed(progress_.samples_consumed);
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    const RunSource& source = sources_[s];
+    const double samples =
+        static_cast<double>(consumed[s]) +
+        shares[s] * (samples_at_end - static_cast<double>(progress_.samples_consumed));
+    const double epochs = samples / static_cast<double>(source.train->num_windows());
+    spdlog::info(
+        "source {}: {} tokens, {} windows, weight {:g} ({:.1f}% of the samples), {:.2f} "
+        "epochs of it by step {}",
+        source.name, source.train->num_tokens(), source.train->num_windows(), source.weight,
+        100 * shares[s], epochs, max_steps);
+    if (epochs > 1.0) {
+      spdlog::warn("source {} will be repeated: {:.2f} epochs of it, each in a new order",
+                   source.name, epochs);
+    }
+  }
+}
+
+// A blend's counts for the checkpoint: each source's samples, and where its weights began.
+void TrainingRun::record_blend() {
+  progress_.sources.clear();
+  progress_.blend_start = 0;
+  // One corpus read in its order from sample 0 records nothing, as before blends.
+  if (sources_.size() == 1 && sources_.front().name.empty() && segment_.start == 0) return;
+  const std::vector<int64_t> consumed = blend_->consumed(progress_.samples_consumed);
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    progress_.sources.push_back({.name = sources_[s].name,
+                                 .weight = sources_[s].weight,
+                                 .consumed = consumed[s],
+                                 .consumed_at_start = segment_.consumed[s]});
+  }
+  progress_.blend_start = segment_.start;
 }
 
 void TrainingRun::run() {
@@ -751,17 +831,25 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
 }
 
 void TrainingRun::evaluate_now(int64_t step) {
-  const Evaluation evaluation = evaluate(model_, val_windows_, layout_, config_.train.eval_batches,
-                                         device_, precision_.bf16, *communicator_);
+  const SourcesEvaluation evaluated =
+      evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
+                       precision_.bf16, *communicator_);
+  const Evaluation& evaluation = evaluated.mean;
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
-  spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens", step, evaluation.loss,
-               evaluation.perplexity, evaluation.tokens);
+  spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens{}", step, evaluation.loss,
+               evaluation.perplexity, evaluation.tokens, evaluated.by_source_text());
   if (leader_) {
-    metrics_->write(
-        {{"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}});
-    if (tensorboard_)
-      tensorboard_->write(step,
-                          {{"val/loss", evaluation.loss}, {"val/ppl", evaluation.perplexity}});
+    nlohmann::json record = {
+        {"step", step}, {"val_loss", evaluation.loss}, {"val_ppl", evaluation.perplexity}};
+    record.update(evaluated.by_source_json());
+    metrics_->write(record);
+    if (tensorboard_) {
+      std::vector<std::pair<std::string, double>> scalars = {{"val/loss", evaluation.loss},
+                                                             {"val/ppl", evaluation.perplexity}};
+      for (const auto& [name, by_source] : evaluated.by_source)
+        scalars.emplace_back("val/loss/" + name, by_source.loss);
+      tensorboard_->write(step, scalars);
+    }
   }
 }
 
@@ -775,6 +863,7 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
   progress_.loss_level = spike_guard_->level();
+  record_blend();
   // Every rank takes part in gathering a sharded state; rank 0 gets it.
   OptimizerState optimizer_state = optimizer_->state();
   std::optional<std::filesystem::path> path;
