@@ -49,10 +49,18 @@ int BlendedSampler::choose_source() const {
   return chosen;
 }
 
-BlendedSampler::Sample BlendedSampler::sample(int64_t n) {
+void BlendedSampler::advance_to(int64_t n) {
   if (n < segment_.start) throw std::out_of_range("a sample before the blend's segment");
   if (n < cursor_) rewind();
+  if (orders_.size() == 1) {  // one source takes every sample: no need to replay them
+    counts_[0] += n - cursor_;
+    cursor_ = n;
+  }
   for (; cursor_ < n; ++cursor_) ++counts_[choose_source()];
+}
+
+BlendedSampler::Sample BlendedSampler::sample(int64_t n) {
+  advance_to(n);
   const int source = choose_source();
   const Sample result{source, orders_[source].window_of_sample(counts_[source])};
   ++counts_[source];
@@ -70,9 +78,7 @@ std::vector<BlendedSampler::Sample> BlendedSampler::windows(int64_t step_start, 
 }
 
 std::vector<int64_t> BlendedSampler::consumed(int64_t n) {
-  if (n < segment_.start) throw std::out_of_range("a count before the blend's segment");
-  if (n < cursor_) rewind();
-  for (; cursor_ < n; ++cursor_) ++counts_[choose_source()];
+  advance_to(n);
   return counts_;
 }
 

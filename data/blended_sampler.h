@@ -31,8 +31,10 @@ struct BlendSegment {
 // The order in which a blend of corpora is read, as a function of the samples consumed (as
 // Sampler is for one corpus). Global sample n (n >= the segment's start) goes to the source with
 // the largest shortfall, weight x (samples since the segment's start + 1) - (its samples since
-// then), the first such source on a tie (Megatron's blend index does the same): every source's
-// count stays within one sample of its share at every prefix. A source's k-th sample reads window
+// then), the first such source on a tie (Megatron's blend index does the same): with up to three
+// sources every source's count stays within one sample of its share at every prefix, with more
+// within 1.2 (the rule's bound grows slowly with the number of sources). A source's k-th sample
+// reads window
 // k of its own seeded per-epoch permutation. Resumed with other weights, a new segment starts
 // where the run stopped, so that each source goes on from its own count: within a source's epoch
 // no window is read twice and none is skipped. The layout slices a step's samples over the
@@ -61,7 +63,8 @@ class BlendedSampler {
   size_t num_sources() const { return orders_.size(); }
 
  private:
-  int choose_source() const;  // for sample cursor_
+  int choose_source() const;   // for sample cursor_
+  void advance_to(int64_t n);  // assigns the samples before n
   void rewind();
 
   std::vector<Sampler> orders_;  // each source's permutations

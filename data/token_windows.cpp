@@ -18,8 +18,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   ::globfree(&matches);
   if (result != 0 || paths.empty()) {
     throw UserError(
-        fmt::format("no token shards match {} (prepare a corpus with mlprep, or set "
-                    "data.train / data.val)",
+        fmt::format("no token shards match {} (prepare a corpus with mlprep, or name the shards "
+                    "it wrote)",
                     pattern));
   }
   std::sort(paths.begin(), paths.end());

@@ -60,20 +60,61 @@ std::string write_config(const TemporaryDirectory& dir, const Config& config,
   return (dir / file).string();
 }
 
-// Every window each step read, over all ranks and micro-steps, sorted.
+// Every window each step read, in the order of the step's samples: micro-step m of rank r reads
+// its slice m x ranks + r (a rank prints its micro-batches in order).
 std::map<int64_t, std::vector<int64_t>> windows_by_step(const std::string& output) {
-  std::map<int64_t, std::vector<int64_t>> steps;
+  std::map<int64_t, std::map<int, std::vector<std::vector<int64_t>>>> batches;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     int64_t step = 0;
     int rank = 0;
     char text[4096] = {};
     if (std::sscanf(line.c_str(), "windows %ld %d: %4095s", &step, &rank, text) != 3) continue;
+    std::vector<int64_t> windows;
     std::istringstream ids(text);
-    for (std::string id; std::getline(ids, id, ',');) steps[step].push_back(std::stoll(id));
+    for (std::string id; std::getline(ids, id, ',');) windows.push_back(std::stoll(id));
+    batches[step][rank].push_back(std::move(windows));
   }
-  for (auto& [step, windows] : steps) std::sort(windows.begin(), windows.end());
+  std::map<int64_t, std::vector<int64_t>> steps;
+  for (const auto& [step, ranks] : batches) {
+    for (size_t micro = 0; micro < ranks.begin()->second.size(); ++micro)
+      for (const auto& [rank, micro_batches] : ranks)
+        steps[step].insert(steps[step].end(), micro_batches.at(micro).begin(),
+                           micro_batches.at(micro).end());
+  }
   return steps;
+}
+
+// Each source's windows (in its own numbering) that a run listing `names` read, in order.
+std::map<std::string, std::vector<int64_t>> windows_by_source(
+    const std::string& output, const TemporaryDirectory& dir,
+    const std::vector<std::string>& names) {
+  std::vector<int64_t> first_window = {0};
+  for (const std::string& name : names)
+    first_window.push_back(
+        first_window.back() +
+        TokenWindows((dir / name / "train_*.bin").string(), 16, 32).num_windows());
+  std::map<std::string, std::vector<int64_t>> read;
+  for (const auto& [step, windows] : windows_by_step(output)) {
+    for (const int64_t id : windows) {
+      const auto s =
+          static_cast<size_t>(std::upper_bound(first_window.begin(), first_window.end(), id) -
+                              first_window.begin() - 1);
+      read[names[s]].push_back(id - first_window[s]);
+    }
+  }
+  return read;
+}
+
+// The first `count` windows of `name`'s permutation under the default data.seed.
+std::vector<int64_t> permutation_prefix(const TemporaryDirectory& dir, const std::string& name,
+                                        size_t count) {
+  Sampler permutation(TokenWindows((dir / name / "train_*.bin").string(), 16, 32).num_windows(),
+                      source_seed(1337, name));
+  std::vector<int64_t> windows;
+  for (size_t k = 0; k < count; ++k)
+    windows.push_back(permutation.window_of_sample(static_cast<int64_t>(k)));
+  return windows;
 }
 
 TEST(DataSources, OneTwoAndThreeRanksReadTheSameSamples) {
@@ -111,41 +152,60 @@ TEST(DataSources, NewWeightsAtAResumeReadNoWindowTwiceAndSkipNone) {
   ASSERT_EQ(after.exit_code, 0) << after.output;
   EXPECT_CONTAINS(after.output, "the data sources or their weights differ from the checkpoint's");
 
-  // The windows are numbered through the sources in their order.
-  std::vector<int64_t> first_window = {0};
-  std::vector<Sampler> permutations;
-  for (const auto& [name, tokens] : kCorpora) {
-    const TokenWindows windows((dir / name / "train_*.bin").string(), 16, 32);
-    first_window.push_back(first_window.back() + windows.num_windows());
-    permutations.emplace_back(windows.num_windows(), source_seed(1337, name));
-  }
-  // Each source's windows, read over both runs, and how many of them after the resume.
-  std::vector<std::vector<int64_t>> read(3);
-  std::vector<int64_t> read_after(3, 0);
-  for (const auto& [output, resumed] : {std::pair{before.output, false}, {after.output, true}}) {
-    for (const auto& [step, windows] : windows_by_step(output)) {
-      for (const int64_t id : windows) {
-        const auto s =
-            static_cast<size_t>(std::upper_bound(first_window.begin(), first_window.end(), id) -
-                                first_window.begin() - 1);
-        read[s].push_back(id - first_window[s]);
-        if (resumed) ++read_after[s];
-      }
-    }
-  }
-  // Within a step the order is the ranks' slicing: compared as sets, each source's windows are
-  // its permutation's first ones.
-  for (size_t s = 0; s < 3; ++s) {
-    std::vector<int64_t> expected;
-    for (int64_t k = 0; k < static_cast<int64_t>(read[s].size()); ++k)
-      expected.push_back(permutations[s].window_of_sample(k));
+  const std::vector<std::string> names = {"web", "code", "books"};
+  const auto read_before = windows_by_source(before.output, dir, names);
+  const auto read_after = windows_by_source(after.output, dir, names);
+  // Within a step the ranks' slices come in sample order, but a source's windows are its
+  // permutation's in the order of its own samples: compared as sets per source.
+  for (const std::string& name : names) {
+    std::vector<int64_t> read =
+        read_before.count(name) ? read_before.at(name) : std::vector<int64_t>{};
+    const std::vector<int64_t>& later = read_after.at(name);
+    read.insert(read.end(), later.begin(), later.end());
+    std::vector<int64_t> expected = permutation_prefix(dir, name, read.size());
+    std::sort(read.begin(), read.end());
     std::sort(expected.begin(), expected.end());
-    std::sort(read[s].begin(), read[s].end());
-    EXPECT_EQ(read[s], expected) << "source " << kCorpora[s].first;
+    EXPECT_EQ(read, expected) << "source " << name;
   }
   const std::vector<double> shares = {0.1, 0.1, 0.8};
-  for (size_t s = 0; s < 3; ++s)
-    EXPECT_LE(std::abs(static_cast<double>(read_after[s]) - shares[s] * 72), 1.0) << s;
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_LE(std::abs(static_cast<double>(read_after.at(names[s]).size()) - shares[s] * 72), 1.0)
+        << names[s];
+  }
+}
+
+// A source left out of a run and listed again goes on from where it stopped: code, read with web
+// and books to step 4, left out to step 8, and read again to step 12, never reads a window twice
+// and skips none.
+TEST(DataSources, ASourceLeftOutAndListedAgainGoesOnWhereItStopped) {
+  TemporaryDirectory dir;
+  const Config all = blend_run(dir, {0.5, 0.3, 0.2});
+  Config without_code = all;
+  without_code.sources.erase(without_code.sources.begin() + 1);
+  const std::string all_file = write_config(dir, all, "all.yaml");
+  const std::string without_file = write_config(dir, without_code, "without.yaml");
+  std::vector<std::string> outputs;
+  for (const auto& [file, more] :
+       {std::pair{all_file, std::string(" --set train.stop_at=4 --set train.ckpt_every=4")},
+        {without_file, " --resume auto --set train.stop_at=8 --set train.ckpt_every=4"},
+        {all_file, " --resume auto"}}) {
+    const auto run = run_command(testing::mltrain_with_fault("print-windows", file + more));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    outputs.push_back(run.output);
+  }
+  std::vector<int64_t> code;
+  for (const auto& [output, names] :
+       {std::pair{outputs[0], std::vector<std::string>{"web", "code", "books"}},
+        {outputs[1], {"web", "books"}},
+        {outputs[2], {"web", "code", "books"}}}) {
+    const auto read = windows_by_source(output, dir, names);
+    if (read.count("code")) code.insert(code.end(), read.at("code").begin(), read.at("code").end());
+  }
+  EXPECT_GT(code.size(), 20u);
+  std::vector<int64_t> expected = permutation_prefix(dir, "code", code.size());
+  std::sort(code.begin(), code.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(code, expected);
 }
 
 TEST(DataSources, AResumedBlendEndsBitwiseAsTheUnbrokenOne) {
@@ -161,6 +221,25 @@ TEST(DataSources, AResumedBlendEndsBitwiseAsTheUnbrokenOne) {
   const NamedTensors a = load_safetensors(dir / "run" / last / "model.safetensors");
   const NamedTensors b = load_safetensors(dir / "unbroken" / last / "model.safetensors");
   for (const auto& [name, tensor] : a) EXPECT_TRUE(at::equal(tensor, b.at(name))) << name;
+  // New weights at step 4, then a second resume at step 8 with the same new weights (its blend
+  // starts at step 4's samples) end as one resume at step 4 does.
+  const std::string changed = write_config(dir, blend_run(dir, {0.2, 0.3, 0.5}), "changed.yaml");
+  for (const std::string run_dir : {"once", "twice"}) {
+    const std::string here = " --set train.run_dir=" + (dir / run_dir).string();
+    ASSERT_EQ(run_command(testing::mltrain(file + here + " --set train.stop_at=4")).exit_code, 0);
+    if (run_dir == "twice") {
+      ASSERT_EQ(
+          run_command(testing::mltrain(changed + here + " --resume auto --set train.stop_at=8"))
+              .exit_code,
+          0);
+    }
+    const auto run = run_command(testing::mltrain(changed + here + " --resume auto"));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  const NamedTensors once = load_safetensors(dir / "once" / last / "model.safetensors");
+  const NamedTensors twice = load_safetensors(dir / "twice" / last / "model.safetensors");
+  for (const auto& [name, tensor] : once) EXPECT_TRUE(at::equal(tensor, twice.at(name))) << name;
+
   const auto state = nlohmann::json::parse(testing::read_text(dir / "run" / last / "state.json"));
   int64_t consumed = 0;
   for (const auto& source : state["blend"]["sources"])
@@ -198,7 +277,10 @@ TEST(DataSources, EachKindOfBadSourceIsOneLineAndExitTwo) {
   const auto refused = [&](Config config, const std::string& message) {
     const auto run = run_command(testing::mltrain(write_config(dir, config, "bad.yaml")));
     EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
-    EXPECT_CONTAINS(run.output, message);
+    const size_t at = run.output.find(message);
+    ASSERT_NE(at, std::string::npos) << message << "\n" << run.output;
+    // One line, the last: after the lines that log what was opened.
+    EXPECT_EQ(run.output.find('\n', at), run.output.size() - 1) << run.output;
     EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints")) << message;
   };
   Config config = good;
@@ -215,7 +297,7 @@ TEST(DataSources, EachKindOfBadSourceIsOneLineAndExitTwo) {
   refused(config, "every weight of data.sources is 0");
   config = good;
   config.sources[1].train = (dir / "nowhere" / "train_*.bin").string();
-  refused(config, "data.sources code: ");
+  refused(config, "data.sources code: no token shards match " + config.sources[1].train);
   config = good;
   testing::write_text(dir / "web" / "tokenizer.model", "one tokenizer");
   testing::write_text(dir / "books" / "tokenizer.model", "another tokenizer");

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/error.h"
 #include "model/safetensors.h"
@@ -158,6 +159,16 @@ TEST(Resume, DamagedCheckpointFilesAreNamed) {
   EXPECT_CONTAINS(resume_error(config), "state.json: damaged checkpoint state");
 }
 
+// A state.json "blend" of sources (name, samples consumed, before the start), each of weight 1.
+nlohmann::json blend(int64_t start,
+                     const std::vector<std::tuple<std::string, int64_t, int64_t>>& sources) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [name, consumed, at_start] : sources)
+    list.push_back(
+        {{"name", name}, {"weight", 1.0}, {"consumed", consumed}, {"consumed_at_start", at_start}});
+  return {{"start", start}, {"sources", list}};
+}
+
 // state.json is read as strictly as a config: of each key that is of the wrong type, out of range
 // or inconsistent with the others, the file and the key are named, and nothing is trained.
 TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
@@ -205,6 +216,21 @@ TEST(Resume, AStateOfWrongTypesOrAbsurdValuesNamesTheFileAndTheKey) {
        "\"checksums_xxh3.config.yaml\" must be a string of lowercase hexadecimal digits"},
       {[](auto& state) { state["format"] = 3; }, "\"format\" must be an integer from 1 to 2"},
       {[](auto& state) { state = nlohmann::json::array(); }, "not a JSON object"},
+      // A blend's counts (data.sources): each sample is one source's, each name given once.
+      {[](auto& state) { state["blend"] = 5; },
+       "\"blend\" must be an object with \"start\" and a list of \"sources\""},
+      {[](auto& state) {
+         state["blend"] = blend(0, {{"a", 32, 0}, {"a", 32, 0}});
+       },
+       "\"blend\" names the source \"a\" twice"},
+      {[](auto& state) {
+         state["blend"] = blend(0, {{"a", 10, 0}});
+       },
+       "\"blend\" counts 10 samples and 0 before its start, where the checkpoint consumed 64"},
+      {[](auto& state) {
+         state["blend"] = blend(0, {{"a", 40, 41}, {"b", 24, 0}});
+       },
+       "blend source 1: \"consumed_at_start\" must be an integer from 0 to 40, got 41"},
   };
   for (const auto& [damage, message] : cases) {
     nlohmann::json state = saved;

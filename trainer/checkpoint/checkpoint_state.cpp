@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -96,24 +97,29 @@ class StateReader {
   std::filesystem::path path_;
 };
 
-// "blend": {"start", "sources": [{"name", "weight", "consumed", "consumed_at_start"}]}: the counts
-// add up to at most the samples consumed, and the start (less where a source was dropped from
-// data.sources on the way).
+// "blend": {"start", "sources": [{"name", "weight", "consumed", "consumed_at_start"}]}: every
+// sample is some source's, so the counts add up to the samples consumed and, before the start, to
+// the start; no name is given twice.
 void read_blend(const StateReader& state, TrainingProgress& progress) {
   const Json& blend = state.at("blend");
   if (!blend.is_object() || !blend.contains("sources") || !blend["sources"].is_array() ||
       blend["sources"].empty())
     state.fail("blend", "must be an object with \"start\" and a list of \"sources\"");
-  const StateReader reader(blend, state.path());
+  const std::string file = state.path().string();
+  const StateReader reader(blend, file + ": blend");
   progress.blend_start = reader.integer("start", 0, progress.samples_consumed);
   int64_t consumed = 0;
   int64_t at_start = 0;
-  for (const Json& entry : blend["sources"]) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < blend["sources"].size(); ++i) {
+    const Json& entry = blend["sources"][i];
     if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string())
-      state.fail("blend", "has a source that is not an object with a \"name\"");
-    const StateReader source(entry, state.path());
+      state.fail("blend", fmt::format("source {} is not an object with a \"name\"", i + 1));
+    const StateReader source(entry, fmt::format("{}: blend source {}", file, i + 1));
     SourceProgress read;
     read.name = entry["name"].get<std::string>();
+    if (!names.insert(read.name).second)
+      state.fail("blend", fmt::format("names the source \"{}\" twice", read.name));
     read.weight = source.non_negative("weight", false);
     read.consumed = source.integer("consumed", 0, progress.samples_consumed);
     read.consumed_at_start = source.integer("consumed_at_start", 0, read.consumed);
@@ -121,10 +127,10 @@ void read_blend(const StateReader& state, TrainingProgress& progress) {
     at_start += read.consumed_at_start;
     progress.sources.push_back(std::move(read));
   }
-  if (consumed > progress.samples_consumed || at_start > progress.blend_start) {
+  if (consumed != progress.samples_consumed || at_start != progress.blend_start) {
     state.fail("blend",
-               fmt::format("counts {} samples and {} before its start, more than the "
-                           "checkpoint's {} and the blend's start, {}",
+               fmt::format("counts {} samples and {} before its start, where the "
+                           "checkpoint consumed {} and the blend started at {}",
                            consumed, at_start, progress.samples_consumed, progress.blend_start));
   }
 }

@@ -16,6 +16,7 @@ constexpr const char* kForm = "{name: ..., train: GLOB, val: GLOB, weight: NUMBE
 std::string text_of(const YAML::Node& entry, const char* key, const std::string& where) {
   const YAML::Node value = entry[key];
   if (!value) throw UserError(fmt::format("{}: no {} (each source is {})", where, key, kForm));
+  if (value.IsNull()) return "";  // `name:` with nothing after it
   if (!value.IsScalar())
     throw UserError(fmt::format("{}: {} must be text, got a YAML {}", where, key,
                                 value.IsMap() ? "mapping" : "sequence"));

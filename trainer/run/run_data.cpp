@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
@@ -129,12 +130,88 @@ BlendedSampler blend_of(const std::vector<RunSource>& sources, const Config& con
   return BlendedSampler(std::move(blend), layout, std::move(segment));
 }
 
-std::vector<double> shares_of(const std::vector<RunSource>& sources) {
+namespace {
+
+// The shares of `weights`: each over their sum.
+std::vector<double> normalised(const std::vector<double>& weights) {
   double total = 0.0;
-  for (const RunSource& source : sources) total += source.weight;
+  for (const double weight : weights) total += weight;
   std::vector<double> shares;
-  for (const RunSource& source : sources) shares.push_back(source.weight / total);
+  for (const double weight : weights) shares.push_back(total > 0 ? weight / total : 0.0);
   return shares;
+}
+
+}  // namespace
+
+BlendResume resume_blend(const std::vector<RunSource>& sources, const TrainingProgress& progress,
+                         const Config& config, const BatchLayout& layout) {
+  BlendResume resume{{0, std::vector<int64_t>(sources.size(), 0)}, {}};
+  if (progress.samples_consumed == 0) return resume;
+  std::vector<SourceProgress> saved = progress.sources;
+  if (saved.empty()) saved.push_back({"", 1.0, progress.samples_consumed, 0});
+  const auto find = [&](const std::string& name) {
+    return std::find_if(saved.begin(), saved.end(),
+                        [&](const SourceProgress& entry) { return entry.name == name; });
+  };
+  std::vector<int64_t> consumed;
+  std::vector<int64_t> at_start;
+  std::vector<double> saved_weights;
+  std::vector<double> weights;
+  for (const RunSource& source : sources) {
+    const auto entry = find(source.name);
+    const bool found = entry != saved.end();
+    consumed.push_back(found ? entry->consumed : 0);
+    at_start.push_back(found ? entry->consumed_at_start : 0);
+    saved_weights.push_back(found ? entry->weight : 0.0);
+    weights.push_back(source.weight);
+  }
+  // The same blend: the listed sources in the checkpoint's order at its shares, and every source
+  // it had that the config leaves out already unlisted there (weight 0).
+  std::vector<std::string> order;
+  for (const RunSource& source : sources) order.push_back(source.name);
+  std::vector<std::string> saved_order;
+  bool unlisted_were_paused = true;
+  for (const SourceProgress& entry : saved) {
+    if (std::find(order.begin(), order.end(), entry.name) != order.end()) {
+      saved_order.push_back(entry.name);
+    } else {
+      unlisted_were_paused = unlisted_were_paused && entry.weight == 0;
+    }
+  }
+  const bool same = saved_order == order && unlisted_were_paused &&
+                    normalised(saved_weights) == normalised(weights);
+  for (const SourceProgress& entry : saved) {
+    if (std::find(order.begin(), order.end(), entry.name) == order.end())
+      resume.unlisted.push_back(entry);
+  }
+  if (same) {
+    resume.segment = {progress.blend_start, at_start};
+    if (blend_of(sources, config, layout, resume.segment).consumed(progress.samples_consumed) ==
+        consumed)
+      return resume;
+    spdlog::warn(
+        "replaying the checkpoint's blend does not reach its counts of each source (another "
+        "machine's floating point?): a new blend starts at sample {}, each source going on "
+        "where it stopped",
+        progress.samples_consumed);
+  } else {
+    spdlog::info(
+        "the data sources or their weights differ from the checkpoint's: from sample {} on the "
+        "blend takes the configured weights, each source going on where it stopped",
+        progress.samples_consumed);
+  }
+  resume.segment = {progress.samples_consumed, consumed};
+  for (SourceProgress& entry : resume.unlisted) {
+    entry.weight = 0;
+    entry.consumed_at_start = entry.consumed;
+  }
+  return resume;
+}
+
+std::vector<double> shares_of(const std::vector<RunSource>& sources) {
+  std::vector<double> weights;
+  for (const RunSource& source : sources) weights.push_back(source.weight);
+  return normalised(weights);
 }
 
 void check_batch_fits(const BatchLayout& layout, const std::vector<RunSource>& sources) {

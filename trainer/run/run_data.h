@@ -7,6 +7,7 @@
 #include "data/blended_sampler.h"
 #include "data/sampler.h"
 #include "data/token_windows.h"
+#include "trainer/checkpoint/checkpoint_state.h"
 #include "trainer/config/config.h"
 
 namespace mltrain {
@@ -37,6 +38,22 @@ std::vector<RunSource> open_sources(const Config& config, bool train = true);
 // with its seed under data.seed.
 BlendedSampler blend_of(const std::vector<RunSource>& sources, const Config& config,
                         const BatchLayout& layout, BlendSegment segment);
+
+// Where a resumed run's blend stands: the segment of its current weights, and the checkpoint's
+// sources that the config no longer lists, kept with their counts (weight 0), so that one listed
+// again goes on from where it stopped.
+struct BlendResume {
+  BlendSegment segment;
+  std::vector<SourceProgress> unlisted;
+};
+
+// The blend of `sources` resumed at `progress` (none consumed: from the start). The checkpoint's
+// segment goes on where it blended the same sources in the same order at the same shares and its
+// replay reaches the saved counts; else a new segment starts at the samples consumed, each source
+// going on from its saved count (a new one from 0), which keeps every source's epoch whole. A
+// checkpoint of one corpus (which records no blend) counts as a blend of that corpus alone.
+BlendResume resume_blend(const std::vector<RunSource>& sources, const TrainingProgress& progress,
+                         const Config& config, const BatchLayout& layout);
 
 // Each source's share of the training samples: its weight over the sum.
 std::vector<double> shares_of(const std::vector<RunSource>& sources);

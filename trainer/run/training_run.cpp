@@ -132,34 +132,6 @@ double muon_lr_ratio(const OptimConfig& optim) {
   return optim.lr > 0 ? optim.muon_lr / optim.lr : 0.0;
 }
 
-// Where the blend's current weights began (data/blended_sampler.h): where the checkpoint's did,
-// when it blended the same sources at the same weights; else at the samples consumed, each source
-// going on from its own count (a new one from 0), which keeps every source's epoch whole.
-BlendSegment blend_segment(const std::vector<RunSource>& sources,
-                           const TrainingProgress& progress) {
-  std::vector<int64_t> consumed;
-  std::vector<int64_t> at_start;
-  bool same = progress.sources.size() == sources.size();
-  for (const RunSource& source : sources) {
-    const auto saved = std::find_if(progress.sources.begin(), progress.sources.end(),
-                                    [&](const SourceProgress& s) { return s.name == source.name; });
-    const bool found = saved != progress.sources.end();
-    consumed.push_back(found ? saved->consumed : 0);
-    at_start.push_back(found ? saved->consumed_at_start : 0);
-    same = same && found && saved->weight == source.weight;
-  }
-  // One corpus, from a checkpoint of one corpus (which records no blend): its order from sample 0.
-  const bool one_corpus = sources.size() == 1 && sources.front().name.empty();
-  if (progress.samples_consumed == 0 || (one_corpus && progress.sources.empty()))
-    return {0, std::vector<int64_t>(sources.size(), 0)};
-  if (same) return {progress.blend_start, at_start};
-  spdlog::info(
-      "the data sources or their weights differ from the checkpoint's: from sample {} on the "
-      "blend takes the configured weights, each source going on where it stopped",
-      progress.samples_consumed);
-  return {progress.samples_consumed, consumed};
-}
-
 void load_init_from(Llama& model, const std::string& directory) {
   check_init_from(directory, model->config());
   load_hf_model(model, directory);
@@ -208,8 +180,8 @@ class TrainingRun {
   const PrecisionChoice precision_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
-  std::vector<RunSource> sources_;       // the corpora, whole before any pointer to them is taken
-  BlendSegment segment_;                 // where the blend's current weights began
+  std::vector<RunSource> sources_;  // the corpora, whole before any pointer to them is taken
+  BlendResume blend_start_;         // where the blend's current weights began, and unlisted sources
   std::optional<BlendedSampler> blend_;  // the training order, for the checkpoints' counts
   std::filesystem::path run_dir_;
   CheckpointStore checkpoints_;
@@ -406,14 +378,14 @@ void TrainingRun::restore_state(const std::string& resume) {
     load_init_from(model_, config_.init_from);
   }
   schedule_.emplace(config_.train, progress_.step);
-  segment_ = blend_segment(sources_, progress_);
+  blend_start_ = resume_blend(sources_, progress_, config_, layout_);
 }
 
 // Needs the restored progress (the loader starts at the samples consumed, the spike guard at its
 // level) and the schedule: the loader, and what the step works with.
 void TrainingRun::start_data() {
   spike_guard_.emplace(config_.train.spike_guard, progress_.loss_level, device_);
-  blend_.emplace(blend_of(sources_, config_, layout_, segment_));
+  blend_.emplace(blend_of(sources_, config_, layout_, blend_start_.segment));
   std::vector<const TokenWindows*> train_windows;
   for (const RunSource& source : sources_) train_windows.push_back(&*source.train);
   loader_ = std::make_unique<Loader>(std::move(train_windows), *blend_, world_.rank,
@@ -561,20 +533,26 @@ void TrainingRun::announce_sources() {
   }
 }
 
-// A blend's counts for the checkpoint: each source's samples, and where its weights began.
+// A blend's counts for the checkpoint: each source's samples, where its weights began, and the
+// sources of earlier runs that this one does not list, as they were.
 void TrainingRun::record_blend() {
   progress_.sources.clear();
   progress_.blend_start = 0;
+  const BlendSegment& segment = blend_start_.segment;
   // One corpus read in its order from sample 0 records nothing, as before blends.
-  if (sources_.size() == 1 && sources_.front().name.empty() && segment_.start == 0) return;
+  if (sources_.size() == 1 && sources_.front().name.empty() && segment.start == 0 &&
+      blend_start_.unlisted.empty())
+    return;
   const std::vector<int64_t> consumed = blend_->consumed(progress_.samples_consumed);
   for (size_t s = 0; s < sources_.size(); ++s) {
     progress_.sources.push_back({.name = sources_[s].name,
                                  .weight = sources_[s].weight,
                                  .consumed = consumed[s],
-                                 .consumed_at_start = segment_.consumed[s]});
+                                 .consumed_at_start = segment.consumed[s]});
   }
-  progress_.blend_start = segment_.start;
+  for (const SourceProgress& unlisted : blend_start_.unlisted)
+    progress_.sources.push_back(unlisted);
+  progress_.blend_start = segment.start;
 }
 
 void TrainingRun::run() {
