@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <nlohmann/json.hpp>
 
@@ -106,6 +107,20 @@ TEST(AsyncCheckpoints, AFailedBackgroundWriteEndsTheRunAndKeepsThePreviousCheckp
   EXPECT_EQ(read_text(checkpoints / "latest"), "step_00000003\n");
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006.tmp"));
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006"));
+}
+
+// On two ranks a failed background write of rank 0 ends both ranks at once, through the next
+// step's stop vote, instead of leaving rank 1 in a collective until dist.timeout_s.
+TEST(AsyncCheckpoints, AFailedBackgroundWriteEndsEveryRank) {
+  TemporaryDirectory dir;
+  const std::string config = nine_steps(dir) + kAsync + " --set dist.timeout_s=120";
+  const auto start = std::chrono::steady_clock::now();
+  const auto failed = run_command(testing::mpirun_with_fault(2, "fail-checkpoint-write", config));
+  EXPECT_EQ(failed.exit_code, kExitRuntimeFailure) << failed.output;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0)
+      << "rank 1 waited for the timeout";
+  EXPECT_CONTAINS(failed.output, "No space left on device");
+  EXPECT_CONTAINS(failed.output, "rank 0 could not write a checkpoint (its log says why)");
 }
 
 // A stop waits for its checkpoint's write: the run says where to continue only once it is there.

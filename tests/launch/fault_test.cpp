@@ -352,6 +352,23 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
     EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor), 1e-5) << name;
 }
 
+// A run resumed from an older checkpoint of its directory rolls back to that one, its own, not to
+// the newer one that `latest` names (left by the run it branched from).
+TEST(Faults, ARollbackGoesToTheRunsOwnCheckpointNotTheNewestInTheDirectory) {
+  TemporaryDirectory dir;
+  const std::string config =
+      write_config(dir, 8) +
+      " --set train.ckpt_every=4 --set train.keep_last=10 --set train.max_bad_steps=3";
+  ASSERT_EQ(run_command(mltrain(config)).exit_code, 0);
+  const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
+  const auto branched = run_command(mltrain_with_fault(
+      "spike-loss-once:5-7", config + " --resume " + (checkpoints / "step_00000004").string()));
+  ASSERT_EQ(branched.exit_code, 0) << branched.output;
+  EXPECT_CONTAINS(branched.output,
+                  "step 7: 3 skipped steps in a row (the last a loss spike): rolled back to " +
+                      (checkpoints / "step_00000004").string() + " (step 4)");
+}
+
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   TemporaryDirectory dir;
   const std::string config =

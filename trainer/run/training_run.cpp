@@ -169,6 +169,9 @@ class TrainingRun {
   std::optional<std::filesystem::path> save_checkpoint();
   bool any_rank_asked_to_stop();
   void settle_stop_vote();
+  void note_write_failure();
+  std::optional<std::filesystem::path> settle_checkpoint_writes();
+  [[noreturn]] void fail_write(const std::string& failure) const;
 
   const Config& config_;
   const World& world_;
@@ -206,8 +209,12 @@ class TrainingRun {
   Clock::time_point unread_since_;  // when the first of the unread steps started
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
-  std::optional<int64_t> rolled_back_to_;  // the checkpoint's step, by the last rollback if any
-  bool applied_since_rollback_ = true;     // a step was applied since the last rollback, if any
+  // This run's newest checkpoint (the resumed one, then each saved), where a rollback goes: not
+  // `latest`, which may name another run's.
+  std::optional<std::filesystem::path> last_checkpoint_;
+  std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
+  std::string write_failure_;           // rank 0's failed background write, until every rank knows
+  bool applied_since_rollback_ = true;  // a step was applied since the last rollback, if any
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -366,6 +373,7 @@ void TrainingRun::build_optimizer() {
 void TrainingRun::restore_state(const std::string& resume) {
   if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config_)) {
     progress_ = *resumed;
+    last_checkpoint_ = resume == "auto" ? checkpoints_.latest() : std::filesystem::path(resume);
     if (!config_.init_from.empty()) {
       spdlog::info(
           "model.init_from ({}) is not used: a resumed run continues from its checkpoint's "
@@ -575,7 +583,7 @@ void TrainingRun::run() {
     unread_.push_back(train_step(*step_parts_, step));
     if (profiler_) profiler_->after_step(step);
     record_step(unread_.back());
-    if (leader_) checkpoint_writer_.check();
+    note_write_failure();
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
       const StepResult result = unread_.back();
@@ -588,8 +596,8 @@ void TrainingRun::run() {
     if (schedule_->evaluate_now(step)) evaluate_now(step);
     if (stopping) {
       std::optional<std::filesystem::path> path = save_checkpoint();
-      if (!path) path = checkpoint_writer_.wait();
       settle_stop_vote();
+      if (const auto written = settle_checkpoint_writes()) path = written;
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
                    stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
                    step, path.value_or("").string());
@@ -597,8 +605,8 @@ void TrainingRun::run() {
     }
     if (schedule_->checkpoint_now(step)) save_checkpoint();
   }
-  checkpoint_writer_.wait();
   settle_stop_vote();
+  settle_checkpoint_writes();
   if (schedule_->stops_early()) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
                  schedule_->last_step());
@@ -691,40 +699,26 @@ bool TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
 // run trains on from its step with the samples after those read so far, so that the samples
 // behind the bad steps are not read again (as Megatron and PaLM recover). The samples and tokens
 // read, and the best validation loss, stay as they are: they count what the run did. Every rank
-// does this together (all read the same averaged losses), from the checkpoint rank 0 names. The
+// does this together (all read the same averaged losses), from the run's own last checkpoint:
+// the one it resumed from or saved last, not `latest`, which may name another run's. The
 // run stops instead where there is no checkpoint to go back to, or where it went back to the same
 // one before, or applied no step since the last rollback: then the settings are bad, not a few
 // samples. A failure to write or to load a checkpoint ends the run on every rank.
 void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
-  // Rank 0's: -1, its last checkpoint write failed; 0, it has no checkpoint; else the newest
-  // checkpoint's step + 1. The sum is also the barrier before which no rank looks for it.
-  double named = 0.0;
-  std::string write_failure;
-  if (leader_) {
-    try {
-      checkpoint_writer_.wait();
-      if (const auto latest = checkpoints_.latest())
-        named = static_cast<double>(*checkpoint_step(latest->filename().string()) + 1);
-    } catch (const std::exception& error) {
-      write_failure = error.what();
-      named = -1.0;
-    }
-  }
-  const double newest = communicator_->all_reduce_sum(named);
-  if (newest < 0)
-    throw std::runtime_error(leader_ ? write_failure : "rank 0 failed to write a checkpoint");
-  if (newest == 0) {
+  // Rank 0's last write ends first; its failure ends every rank. Also the barrier after which
+  // the checkpoint is there for every rank to read.
+  settle_checkpoint_writes();
+  if (!last_checkpoint_) {
     throw std::runtime_error(fmt::format(
         "step {}: {}: stopping; there is no checkpoint to roll back to (none was saved yet)", step,
         bad_steps));
   }
-  const auto target = static_cast<int64_t>(newest) - 1;
-  const std::filesystem::path checkpoint = checkpoints_.path_of(target);
-  if (rolled_back_to_ && (!applied_since_rollback_ || *rolled_back_to_ == target)) {
+  const std::filesystem::path checkpoint = *last_checkpoint_;
+  if (rolled_back_to_ && (!applied_since_rollback_ || *rolled_back_to_ == checkpoint)) {
     throw std::runtime_error(fmt::format(
         "step {}: {} again since the rollback to {}, with {}: stopping; the last good checkpoint "
         "is {}",
-        step, bad_steps, checkpoint_name(*rolled_back_to_),
+        step, bad_steps, rolled_back_to_->filename().string(),
         applied_since_rollback_ ? "no checkpoint saved since" : "no step applied",
         checkpoint.string()));
   }
@@ -746,7 +740,7 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   progress_.step = restored->step;
   progress_.learning_rate = restored->learning_rate;
   progress_.loss_level = restored->loss_level;
-  rolled_back_to_ = target;
+  rolled_back_to_ = checkpoint;
   applied_since_rollback_ = false;
   bad_steps_in_a_row_ = 0;
   start_data();
@@ -845,13 +839,20 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   // Every rank takes part in gathering a sharded state; rank 0 gets it.
   OptimizerState optimizer_state = optimizer_->state();
   std::optional<std::filesystem::path> path;
-  if (leader_) {
-    checkpoint_writer_.wait();  // one host copy at a time: the one before is written first
-    path = checkpoint_writer_.save(
-        checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
-                            tokenizer_model_, world_.size, checkpoint_writer_.in_background()));
+  std::string failure = write_failure_;
+  if (leader_ && failure.empty()) {
+    try {
+      checkpoint_writer_.wait();  // one host copy at a time: the one before is written first
+      path = checkpoint_writer_.save(
+          checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
+                              tokenizer_model_, world_.size, checkpoint_writer_.in_background()));
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
   }
-  communicator_->all_reduce_sum(0.0);
+  // Also the barrier that keeps every rank behind rank 0's save: a failed one ends them all.
+  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
+  last_checkpoint_ = checkpoints_.path_of(progress_.step);
   // How long training stopped for the checkpoint: bench/checkpoint_pause.sh reads it.
   if (leader_)
     metrics_->write(
@@ -859,14 +860,52 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   return path;
 }
 
+// A stop vote of rank 0 whose background write failed: above any count of ranks asking to stop.
+constexpr double kWriteFailedVote = 1 << 30;
+
 // A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
 // agree at step boundaries, so that all of them checkpoint and stop together. Each step's vote is
 // collected at the end of the next step, so that no rank waits for the others at every step: a
 // signal stops the run one step after it arrives.
 bool TrainingRun::any_rank_asked_to_stop() {
-  const bool stop = stop_vote_ != nullptr && stop_vote_->wait() > 0;
-  stop_vote_ = communicator_->start_all_reduce_sum(stop_requested() != 0 ? 1.0 : 0.0);
-  return stop;
+  const double votes = stop_vote_ != nullptr ? std::exchange(stop_vote_, nullptr)->wait() : 0.0;
+  if (votes >= kWriteFailedVote) fail_write(write_failure_);
+  stop_vote_ = communicator_->start_all_reduce_sum(
+      (stop_requested() != 0 ? 1.0 : 0.0) + (write_failure_.empty() ? 0.0 : kWriteFailedVote));
+  return votes > 0;
+}
+
+// Rank 0's background write that failed since the last step: every rank learns of it through the
+// next stop vote, and all end together.
+void TrainingRun::note_write_failure() {
+  if (!leader_ || !write_failure_.empty()) return;
+  try {
+    checkpoint_writer_.check();
+  } catch (const std::exception& error) {
+    write_failure_ = error.what();
+  }
+}
+
+// Waits for rank 0's write in flight: a failure ends every rank, with rank 0 naming it. Returns
+// the checkpoint written, on rank 0.
+std::optional<std::filesystem::path> TrainingRun::settle_checkpoint_writes() {
+  std::optional<std::filesystem::path> written;
+  std::string failure = write_failure_;
+  if (leader_ && failure.empty()) {
+    try {
+      written = checkpoint_writer_.wait();
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
+  return written;
+}
+
+void TrainingRun::fail_write(const std::string& failure) const {
+  throw std::runtime_error(leader_ ? failure
+                                   : "rank 0 could not write a checkpoint (its log says why); "
+                                     "the checkpoints before it are kept");
 }
 
 // Every rank takes part in the last vote before the run ends.
