@@ -1,5 +1,6 @@
 #include "data/blended_sampler.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
@@ -22,10 +23,13 @@ BlendedSampler::BlendedSampler(std::vector<BlendSource> sources, BatchLayout lay
   double total = 0.0;
   for (const BlendSource& source : sources) total += source.weight;
   if (!(total > 0)) throw std::invalid_argument("a blend needs a positive weight");
+  int64_t weighted = 0;
   for (const BlendSource& source : sources) {
     orders_.emplace_back(source.windows, source.seed);
     shares_.push_back(source.weight / total);
+    weighted += source.weight > 0 ? 1 : 0;
   }
+  delta_ = weighted > 1 ? 1.0 / static_cast<double>(2 * weighted - 2) : 0.0;
   rewind();
 }
 
@@ -35,18 +39,30 @@ void BlendedSampler::rewind() {
 }
 
 int BlendedSampler::choose_source() const {
-  const auto since = static_cast<double>(cursor_ - segment_.start + 1);
-  int chosen = 0;
-  double largest = -1.0;
+  const auto n = static_cast<double>(cursor_ - segment_.start + 1);
+  // Tijdeman's rule: among the sources whose shortfall has reached delta, the one whose next sample
+  // falls due first. Exact arithmetic always finds one; rounding that left none would fall back to
+  // the largest shortfall.
+  int chosen = -1;
+  double earliest = 0.0;
+  int largest = 0;
+  double largest_shortfall = -INFINITY;
   for (size_t s = 0; s < shares_.size(); ++s) {
-    const double shortfall =
-        shares_[s] * since - static_cast<double>(counts_[s] - segment_.consumed[s]);
-    if (shortfall > largest) {
-      largest = shortfall;
+    if (shares_[s] == 0) continue;
+    const auto given = static_cast<double>(counts_[s] - segment_.consumed[s]);
+    const double shortfall = shares_[s] * n - given;
+    if (shortfall > largest_shortfall) {
+      largest_shortfall = shortfall;
+      largest = static_cast<int>(s);
+    }
+    if (shortfall < delta_ - 1e-9) continue;
+    const double due = (given + 1 - delta_) / shares_[s];
+    if (chosen < 0 || due < earliest) {
+      earliest = due;
       chosen = static_cast<int>(s);
     }
   }
-  return chosen;
+  return chosen >= 0 ? chosen : largest;
 }
 
 void BlendedSampler::advance_to(int64_t n) {

@@ -29,12 +29,13 @@ struct BlendSegment {
 };
 
 // The order in which a blend of corpora is read, as a function of the samples consumed (as
-// Sampler is for one corpus). Global sample n (n >= the segment's start) goes to the source with
-// the largest shortfall, weight x (samples since the segment's start + 1) - (its samples since
-// then), the first such source on a tie (Megatron's blend index does the same): with up to three
-// sources every source's count stays within one sample of its share at every prefix, with more
-// within 1.2 (the rule's bound grows slowly with the number of sources). A source's k-th sample
-// reads window
+// Sampler is for one corpus). Sample j of the segment (j = 1, 2, ...) goes by Tijdeman's rule for
+// the chairman assignment problem: among the k weighted sources whose shortfall, share x j - (its
+// samples so far in the segment), is at least delta = 1 / (2k - 2), the one whose next sample
+// falls due first, at (its samples + 1 - delta) / share; the first on a tie. Every source's count
+// then stays within 1 - delta (less than one sample) of its share at every prefix, however many
+// sources there are (the largest shortfall alone, as Megatron's blend index takes, passes one
+// sample from four sources on). A source's k-th sample reads window
 // k of its own seeded per-epoch permutation. Resumed with other weights, a new segment starts
 // where the run stopped, so that each source goes on from its own count: within a source's epoch
 // no window is read twice and none is skipped. The layout slices a step's samples over the
@@ -69,6 +70,7 @@ class BlendedSampler {
 
   std::vector<Sampler> orders_;  // each source's permutations
   std::vector<double> shares_;   // the weights, normalised to sum 1
+  double delta_ = 0.0;           // Tijdeman's 1 / (2k - 2), k the sources of positive weight
   BatchLayout layout_;
   BlendSegment segment_;
   int64_t cursor_ = 0;           // the next sample to assign
