@@ -39,23 +39,24 @@ void check_tokenizer(const Config& config) {
   }
 }
 
-std::string read_tokenizer_model(const Config& config) {
+namespace {
+
+// The bytes of a tokenizer file; "" where there is none.
+std::string tokenizer_bytes(const std::filesystem::path& path) {
   // SentencePiece models of the largest vocabularies are a few MB.
   constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
-  const std::string& path = config.data.tokenizer;
-  if (path.empty() || !std::filesystem::exists(path)) return "";
+  std::error_code missing;
+  if (!std::filesystem::exists(path, missing)) return "";
   return InputFile(path, "tokenizer").read_all(kMostTokenizerBytes);
+}
+
+}  // namespace
+
+std::string read_tokenizer_model(const Config& config) {
+  return config.data.tokenizer.empty() ? "" : tokenizer_bytes(config.data.tokenizer);
 }
 
 namespace {
-
-// The bytes of a tokenizer file, for comparing them; "" where there is none.
-std::string tokenizer_bytes(const std::filesystem::path& path) {
-  constexpr uint64_t kMostTokenizerBytes = uint64_t{1} << 30;
-  std::error_code missing;
-  if (!std::filesystem::is_regular_file(path, missing)) return "";
-  return InputFile(path, "tokenizer").read_all(kMostTokenizerBytes);
-}
 
 // Blended corpora must share their token ids: a tokenizer.model that mlprep left beside a
 // source's training shards must be the run's (or, without one, the other sources').
