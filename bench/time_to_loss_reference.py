@@ -110,6 +110,9 @@ def parse_args():
     args.train = config["train"]
     if args.optim["name"] != "adamw" or args.optim["schedule"] != "cosine":
         sys.exit("the reference trains with AdamW on a cosine schedule only")
+    if args.data.get("document_masking") or args.data.get("sources"):
+        sys.exit("the reference reads one corpus with attention over whole windows: "
+                 "no data.document_masking, no data.sources")
     return args
 
 

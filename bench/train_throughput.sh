@@ -22,7 +22,8 @@
 # default), small is configs/smoke.yaml's (16 x 2 x 128). Environment:
 #   BENCH_SEQ_LEN, BENCH_MICRO_BATCH, BENCH_GRAD_ACCUM  another batch than the model's default
 #   BENCH_THREADS    CPU intra-op threads of every run (default: all cores)
-#   BENCH_VARIANTS   which to run (default "mltrain eager compile")
+#   BENCH_VARIANTS   which to run (default "mltrain eager compile"); "masked" is mltrain with
+#                    data.document_masking, reported against mltrain as masked/mltrain
 #   BENCH_BUDGET_S   seconds for the whole benchmark: runs are cut off there (default: no limit)
 #   BENCH_DATA       shards mltrain reads (default bench/gpu-packages/shards, else data/demo);
 #                    the reference draws random tokens
@@ -83,7 +84,8 @@ time_left() {
 }
 
 # Prints the run's figures from its metrics.jsonl (bench/metrics_summary.py): tokens_per_s, and
-# loader_pct, outside_pct and peak_memory_bytes where the build logs what they need.
+# loader_pct, outside_pct and peak_memory_bytes where the build logs what they need. Arguments are
+# further KEY=VALUE settings.
 run_mltrain() {
   local run_dir=$work/mltrain_run last=$((warmup + steps)) sets=() setting
   rm -rf "$run_dir"
@@ -95,7 +97,7 @@ run_mltrain() {
     data.seq_len="$seq_len" data.micro_batch="$micro_batch" data.grad_accum="$grad_accum" \
     train.device="$device" train.precision="$precision" train.threads="$threads" \
     train.max_steps="$last" train.log_every=1 train.eval_every="$last" train.eval_batches=1 \
-    train.ckpt_every="$last" train.run_dir="$run_dir" optim.warmup_steps=1; do
+    train.ckpt_every="$last" train.run_dir="$run_dir" optim.warmup_steps=1 "$@"; do
     sets+=(--set "$setting")
   done
   bounded "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" || return
@@ -144,6 +146,7 @@ measure() {
   echo "=== $variant, repetition $rep" >>"$log"
   case $variant in
     mltrain) output=$(run_mltrain 2>&1) || rc=$? ;;
+    masked) output=$(run_mltrain data.document_masking=true 2>&1) || rc=$? ;;
     eager | compile) output=$(run_reference "$variant" 2>&1) || rc=$? ;;
     *) echo "unknown variant $variant in BENCH_VARIANTS" >&2; exit 2 ;;
   esac
@@ -189,12 +192,14 @@ done
 "$python" - "$model" "$device" "$precision" "$tokens_per_step" "$steps" "$warmup" "$threads" \
   "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" "${dims[*]}" \
   "$seq_len" "$matmul_flops" "$matmul_source" "$loader" "$outside" "$peak_memory" \
+  "${rates[masked]:-}" \
   <<'EOF' | tee -a "$log"
 import statistics, sys
 model, device, precision, tokens, steps, warmup, threads, variants = sys.argv[1:9]
-names = ["mltrain", "PyTorch eager", "PyTorch torch.compile"]
+names = ["mltrain", "PyTorch eager", "PyTorch torch.compile", "mltrain, document masking"]
 runs = {name: [float(x) for x in values.split()]
-        for name, variant, values in zip(names, ["mltrain", "eager", "compile"], sys.argv[9:12])
+        for name, variant, values in zip(names, ["mltrain", "eager", "compile", "masked"],
+                                         sys.argv[9:12] + sys.argv[19:20])
         if variant in variants.split()}
 V, d, L, H, KV, D, F = (int(x) for x in sys.argv[12].split())
 T = int(sys.argv[13])
@@ -228,6 +233,8 @@ for name, values in runs.items():
 ratios = [f"mltrain/{short}: {medians['mltrain'] / medians[other]:.2f}x"
           for short, other in [("eager", names[1]), ("compile", names[2])]
           if "mltrain" in medians and other in medians]
+if "mltrain" in medians and names[3] in medians:
+    ratios.append(f"masked/mltrain: {medians[names[3]] / medians['mltrain']:.3f}x")
 print("\n" + ("; ".join(ratios) if ratios else "no ratio: mltrain or both references have no result"))
 print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len = "
       f"6 x {N:,} + 12 x {L} x {H} x {D} x {T} = {flops_per_token / 1e6:,.1f} MFLOP; N is every "

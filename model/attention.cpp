@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "model/document_attention.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
 #include "model/rotary.h"
@@ -42,7 +43,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels)
       kernels_(kernels) {}
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  int64_t start_pos, KVCache* cache, int64_t layer) {
+                                  int64_t start_pos, KVCache* cache, int64_t layer,
+                                  const DocumentAttention* documents) {
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
   // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].
@@ -56,6 +58,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
+  if (documents != nullptr) {
+    TORCH_CHECK(cache == nullptr, "attention within documents takes no cache");
+    return attended_output((*documents)(q, k, v));
+  }
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, start_pos, k, v);
 
   // SDPA's is_causal aligns the mask top-left (query i sees keys 0..i), which is right only when
@@ -77,9 +83,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   // SDPA computes in.
   const bool repeat_kv =
       sdpa_needs_repeated_kv(q.device().type(), q.scalar_type(), n_q_heads_, n_kv_heads_);
-  const at::Tensor attended = grouped_query_sdpa(q, k, v, mask, is_causal, repeat_kv);
-  return project(attended.transpose(1, 2).reshape({batch, length, n_q_heads_ * head_dim_}),
-                 wo->weight, kernels_);
+  return attended_output(grouped_query_sdpa(q, k, v, mask, is_causal, repeat_kv));
+}
+
+at::Tensor AttentionImpl::attended_output(const at::Tensor& attended) {
+  // [B, H, T, D] -> [B, T, H x D], the heads side by side as wo reads them.
+  return project(attended.transpose(1, 2).flatten(2), wo->weight, kernels_);
 }
 
 }  // namespace mltrain

@@ -14,6 +14,7 @@
 
 namespace mltrain {
 
+class DocumentAttention;
 class KVCache;
 
 // Whether SDPA should receive keys and values repeated to the query heads rather than grouped
@@ -43,9 +44,12 @@ class AttentionImpl : public torch::nn::Module {
   // tables of those positions. With a cache, this layer's keys and values are appended to it
   // and attention covers every cached position before them too. With a padded cache
   // (kv_cache.h), start_pos counts slots, cos/sin [B, T, head_dim] hold each row's own positions,
-  // and the cache's mask keeps the padding out of attention.
+  // and the cache's mask keeps the padding out of attention. With `documents` (and no cache), x
+  // holds packed documents, cos/sin [B, T, head_dim] their positions, and attention stays within
+  // each document.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     int64_t start_pos = 0, KVCache* cache = nullptr, int64_t layer = 0);
+                     int64_t start_pos = 0, KVCache* cache = nullptr, int64_t layer = 0,
+                     const DocumentAttention* documents = nullptr);
 
   torch::nn::Linear wq;
   torch::nn::Linear wk;
@@ -53,6 +57,9 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear wo;
 
  private:
+  // The output projection of the attended values [B, n_q_heads, T, head_dim].
+  at::Tensor attended_output(const at::Tensor& attended);
+
   int64_t n_q_heads_;
   int64_t n_kv_heads_;
   int64_t head_dim_;

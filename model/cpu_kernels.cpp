@@ -202,14 +202,15 @@ void rms_norm_backward_rows(const float* grad, const T* x, const float* weight, 
 
 // Rotates each row of D values (pairs i, i + D/2) by its position's angle, or with inverse by
 // the transpose, which is backward's map from the output's gradient to the input's. Rows are
-// [B, T, H] flattened: row r is at position (r / heads) % positions.
+// [B, T, H] flattened, so row r is token r / heads; the tables hold table_rows rows, T shared by
+// the batch or B x T of each token's own position, and token i takes row i % table_rows.
 template <typename T>
 void rotate_rows(const T* x, const float* cos, const float* sin, int64_t rows, int64_t heads,
-                 int64_t positions, int64_t dim, bool inverse, T* out) {
+                 int64_t table_rows, int64_t dim, bool inverse, T* out) {
   const int64_t half = dim / 2;
   at::parallel_for(0, rows, row_grain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = (r / heads) % positions;
+      const int64_t t = (r / heads) % table_rows;
       const float* c = cos + t * dim;
       const float* s = sin + t * dim;
       const T* x1 = x + r * dim;
@@ -393,7 +394,8 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   for_dtype(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     rotate_rows(xc.const_data_ptr<T>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
-                rows_of(x), x.size(2), x.size(1), x.size(3), inverse, out.data_ptr<T>());
+                rows_of(x), x.size(2), cos.numel() / x.size(3), x.size(3), inverse,
+                out.data_ptr<T>());
   });
   return out;
 }
@@ -477,10 +479,13 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
               "fused_rotary: the tables must be Float");
   TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "fused_rotary: x is ", x.sizes(),
               ", it must be [B, T, H, D] with D even");
-  TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) &&
-                  sin.sizes() == cos.sizes(),
-              "fused_rotary: tables cos ", cos.sizes(), " and sin ", sin.sizes(),
-              " must both be [T, D] of x ", x.sizes());
+  const bool shared_tables = cos.dim() == 2 && cos.size(0) == x.size(1);
+  const bool tables_per_row =
+      cos.dim() == 3 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
+  TORCH_CHECK(
+      (shared_tables || tables_per_row) && cos.size(-1) == x.size(3) && sin.sizes() == cos.sizes(),
+      "fused_rotary: tables cos ", cos.sizes(), " and sin ", sin.sizes(),
+      " must both be [T, D] or [B, T, D] of x ", x.sizes());
   TORCH_CHECK(!(at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())),
               "fused_rotary: the tables take no gradient");
   if (records_graph({x})) return RotaryFunction::apply(x, cos, sin);

@@ -25,8 +25,9 @@ bool fused_kernels_support(at::ScalarType dtype);
 // result is fp32 (x's dtype promoted with the weight's). Backward keeps x and one fp32 rstd a row.
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// apply_rotary (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D] fp32
-// taking no gradient. Out of place, contiguous, x's dtype; backward rotates the gradient back.
+// apply_rotary (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D] (shared by
+// the rows) or [B, T, D] (each row's own positions) fp32 taking no gradient. Out of place,
+// contiguous, x's dtype; backward rotates the gradient back.
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // silu(gate) * up, gate and up of one shape and dtype (fp32 or bf16); backward keeps the inputs.

@@ -18,8 +18,11 @@ const char* describe(Kernels kernels) {
 }
 
 bool runs_fused_cpu(Kernels kernels, const at::Tensor& input) {
-  return kernels == Kernels::fused_cpu && input.device().is_cpu() &&
-         fused_kernels_support(input.scalar_type());
+  return runs_fused_cpu(kernels, input.device(), input.scalar_type());
+}
+
+bool runs_fused_cpu(Kernels kernels, c10::Device device, c10::ScalarType dtype) {
+  return kernels == Kernels::fused_cpu && device.is_cpu() && fused_kernels_support(dtype);
 }
 
 }  // namespace mltrain

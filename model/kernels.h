@@ -30,5 +30,6 @@ const char* describe(Kernels kernels);
 // tensor, and a dtype the kernels take (fp32 or bf16, on a CPU with the vector units they need).
 // Otherwise the layer runs its ATen composition, which gives the same values.
 bool runs_fused_cpu(Kernels kernels, const at::Tensor& input);
+bool runs_fused_cpu(Kernels kernels, c10::Device device, c10::ScalarType dtype);
 
 }  // namespace mltrain

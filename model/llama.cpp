@@ -10,6 +10,8 @@
 
 #include "common/error.h"
 #include "model/activation_checkpoint.h"
+#include "model/autocast_region.h"
+#include "model/document_attention.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
 #include "model/linear_cross_entropy.h"
@@ -36,8 +38,9 @@ BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels)
       ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn, kernels))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                              int64_t start_pos, KVCache* cache, int64_t layer) {
-  const at::Tensor h = x + attn(attn_norm(x), cos, sin, start_pos, cache, layer);
+                              int64_t start_pos, KVCache* cache, int64_t layer,
+                              const DocumentAttention* documents) {
+  const at::Tensor h = x + attn(attn_norm(x), cos, sin, start_pos, cache, layer, documents);
   return h + ffn(ffn_norm(h));
 }
 
@@ -94,12 +97,49 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
   const bool padded = cache != nullptr && cache->padded();
   const int64_t last_position =
       padded ? cache->last_position(start_pos, length) : start_pos + length - 1;
-  if (start_pos < 0 || last_position >= config_.max_seq_len) {
+  check_positions(start_pos, last_position - length + 1, last_position);
+  const auto [cos, sin] = rotary_tables(*rotary, start_pos, length, padded ? cache : nullptr);
+  return run_blocks(tokens, cos, sin, start_pos, cache, nullptr);
+}
+
+at::Tensor LlamaImpl::forward_packed(const at::Tensor& tokens, const PackedDocuments& documents) {
+  return at::linear(hidden_states_packed(tokens, documents), output_weight());
+}
+
+at::Tensor LlamaImpl::hidden_states_packed(const at::Tensor& tokens,
+                                           const PackedDocuments& documents) {
+  TORCH_CHECK(documents.positions.sizes() == tokens.sizes(), "documents of positions ",
+              documents.positions.sizes(), " do not match tokens ", tokens.sizes());
+  // A document may fill the window: its last position is the window's last.
+  check_positions(0, 0, tokens.size(1) - 1);
+  // The dtype attention will compute in: autocast's, or else the weights'.
+  const AutocastSettings autocast = AutocastSettings::now(tokens.device().type());
+  const c10::ScalarType dtype = autocast.enabled ? autocast.dtype : output_weight().scalar_type();
+  const auto attention =
+      std::make_shared<const DocumentAttention>(documents, dtype, config_.head_dim);
+  // The rotary rows of each token's own position, [B, T, head_dim]: every layer's tables. The
+  // fused rotary takes them in fp32; the ATen one would cast them to the queries' dtype for q and
+  // k of every layer, so they are cast here once.
+  at::Tensor cos = rotary->cos_at(documents.positions);
+  at::Tensor sin = rotary->sin_at(documents.positions);
+  if (!runs_fused_cpu(kernels_, tokens.device(), dtype)) {
+    cos = cos.to(dtype);
+    sin = sin.to(dtype);
+  }
+  return run_blocks(tokens, cos, sin, 0, nullptr, attention);
+}
+
+void LlamaImpl::check_positions(int64_t start_pos, int64_t first, int64_t last) const {
+  if (start_pos < 0 || last >= config_.max_seq_len) {
     throw UserError(fmt::format(
         "positions {}..{} do not fit model.max_seq_len = {}: shorten the input or raise the key",
-        last_position - length + 1, last_position, config_.max_seq_len));
+        first, last, config_.max_seq_len));
   }
-  const auto [cos, sin] = rotary_tables(*rotary, start_pos, length, padded ? cache : nullptr);
+}
+
+at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos,
+                                 const at::Tensor& sin, int64_t start_pos, KVCache* cache,
+                                 const std::shared_ptr<const DocumentAttention>& documents) {
   at::Tensor h = token_embeddings(tokens);
   // Checkpointed, a block keeps only its input for backward, which runs it again: the
   // activations of one block are held at a time instead of those of every layer. Only where there
@@ -110,22 +150,24 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
     Block& block = layers[layer];
     const auto index = static_cast<int64_t>(layer);
     if (recompute) {
-      // Called again in backward: holds the block and the rotary tables (no gradient) by value,
-      // the tables by init-capture (C++17 has no plain capture of a structured binding).
-      const auto run_block = [block = block.ptr(), cos = cos, sin = sin, start_pos,
-                              index](const at::Tensor& x) {
-        return block->forward(x, cos, sin, start_pos, nullptr, index);
+      // Called again in backward, after this function has returned: holds the block, the
+      // rotary tables (no gradient) and the document attention by value.
+      const auto run_block = [block = block.ptr(), cos, sin, start_pos, index,
+                              documents](const at::Tensor& x) {
+        return block->forward(x, cos, sin, start_pos, nullptr, index, documents.get());
       };
       h = checkpointed(run_block, h, block->parameters());
     } else {
-      h = block(h, cos, sin, start_pos, cache, index);
+      h = block(h, cos, sin, start_pos, cache, index, documents.get());
     }
   }
   return norm(h);
 }
 
-at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  const at::Tensor h = hidden_states(tokens);
+at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets,
+                           const PackedDocuments* documents) {
+  const at::Tensor h =
+      documents != nullptr ? hidden_states_packed(tokens, *documents) : hidden_states(tokens);
   if (kernels_ != Kernels::fused_cpu || !h.device().is_cpu())
     return next_token_loss(at::linear(h, output_weight()), targets);
   return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());

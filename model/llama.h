@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
 #include <vector>
 
 #include "model/attention.h"
@@ -17,14 +18,17 @@
 
 namespace mltrain {
 
+class DocumentAttention;
 class KVCache;
+struct PackedDocuments;
 
 // Pre-norm decoder block: x + attn(attn_norm(x)), then h + ffn(ffn_norm(h)).
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& config, Kernels kernels);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     int64_t start_pos, KVCache* cache, int64_t layer);
+                     int64_t start_pos, KVCache* cache, int64_t layer,
+                     const DocumentAttention* documents = nullptr);
 
   RMSNorm attn_norm;
   Attention attn;
@@ -53,11 +57,19 @@ class LlamaImpl : public torch::nn::Module {
   at::Tensor hidden_states(const at::Tensor& tokens, int64_t start_pos = 0,
                            KVCache* cache = nullptr);
 
+  // The same for tokens [B, T] packed with `documents` (packed_documents.h, on the tokens'
+  // device): each document at its own positions from 0, attending within itself only, as if it
+  // were alone.
+  at::Tensor forward_packed(const at::Tensor& tokens, const PackedDocuments& documents);
+  at::Tensor hidden_states_packed(const at::Tensor& tokens, const PackedDocuments& documents);
+
   // The training loss: mean next-token cross-entropy of tokens [B, T] against targets [B, T]
-  // (the next tokens), a 0-dim fp32 tensor. With Kernels::fused_cpu on the CPU it goes through the
-  // output projection in chunks (linear_cross_entropy.h) and never holds the [B, T, V] logits;
-  // otherwise it is next_token_loss(forward(tokens), targets).
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+  // (the next tokens), a 0-dim fp32 tensor, with attention within `documents` when given. With
+  // Kernels::fused_cpu on the CPU it goes through the output projection in chunks
+  // (linear_cross_entropy.h) and never holds the [B, T, V] logits; otherwise it is
+  // next_token_loss of the logits.
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets,
+                  const PackedDocuments* documents = nullptr);
 
   // Draws the initial weights from the current global torch generator: normal(0, init_std) for
   // embeddings and projections, init_std / sqrt(2 n_layers) for the projections that write into
@@ -84,6 +96,14 @@ class LlamaImpl : public torch::nn::Module {
   Rotary rotary;
 
  private:
+  // A UserError unless start_pos >= 0 and positions first..last fit model.max_seq_len.
+  void check_positions(int64_t start_pos, int64_t first, int64_t last) const;
+
+  // The blocks and the final norm over the embedded tokens, at the positions the tables give.
+  at::Tensor run_blocks(const at::Tensor& tokens, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t start_pos, KVCache* cache,
+                        const std::shared_ptr<const DocumentAttention>& documents);
+
   ModelConfig config_;
   Kernels kernels_;
   bool activation_checkpointing_ = false;

@@ -24,7 +24,7 @@ at::Tensor RotaryImpl::rows_at(const at::Tensor& table, const at::Tensor& positi
 
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         Kernels kernels) {
-  if (cos.dim() == 2 && runs_fused_cpu(kernels, x) && cos.scalar_type() == at::kFloat &&
+  if (runs_fused_cpu(kernels, x) && cos.scalar_type() == at::kFloat &&
       sin.scalar_type() == at::kFloat) {
     return fused_rotary(x, cos, sin);
   }

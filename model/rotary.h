@@ -32,8 +32,8 @@ class RotaryImpl : public torch::nn::Module {
 TORCH_MODULE(Rotary);
 
 // Rotates x [B, T, H, head_dim] by tables [T, head_dim], or [B, T, head_dim] for positions per row:
-// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device, the dtypes and
-// shared tables allow it; apply_rotary otherwise.
+// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device and the dtypes allow
+// it; apply_rotary otherwise.
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         Kernels kernels);
 

@@ -50,6 +50,15 @@ TEST(SmokeRun, TrainsEvaluatesAndSamples) {
   EXPECT_EQ(evaluate.exit_code, 0) << evaluate.output;
   EXPECT_CONTAINS(evaluate.output, "val loss");
 
+  // Document masking takes the end-of-document token from the corpus's tokenizer, and finds it in
+  // the shards mlprep wrote.
+  const CommandResult masked =
+      run_command(mltrain + config + " --set data.document_masking=true --set train.max_steps=4" +
+                  " --set optim.warmup_steps=1 --set train.run_dir=" + (dir / "masked").string());
+  EXPECT_EQ(masked.exit_code, 0) << masked.output;
+  EXPECT_CONTAINS(masked.output, "(the tokenizer's end-of-document token), its positions counted");
+  EXPECT_EQ(masked.output.find("hold no token"), std::string::npos) << masked.output;
+
   const CommandResult sample = run_command(std::string(MLTRAIN_BIN_DIR) + "/mlgen " + run_dir +
                                            " --prompt 'The ' --tokens 8");
   EXPECT_EQ(sample.exit_code, 0) << sample.output;

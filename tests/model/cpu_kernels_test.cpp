@@ -193,6 +193,28 @@ TEST_F(FusedKernelRotary, MatchesTheCompositionInBf16) {
   EXPECT_LE(relative_error(run.grads[0], exact.grads[0]), kOneBf16Rounding);
 }
 
+// With document masking each row has its own positions, restarting at each document: tables
+// [B, T, D], each row different.
+TEST_F(FusedKernelRotary, TakesTablesPerRow) {
+  at::manual_seed(203);
+  Rotary rotary(74, 16, 10000.0);
+  const at::Tensor positions = at::tensor({0, 1, 2, 0, 1, 7, 8, 9, 10, 11}, at::kLong).view({2, 5});
+  const at::Tensor cos = rotary->cos_at(positions);
+  const at::Tensor sin = rotary->sin_at(positions);
+  const std::vector<at::Tensor> inputs = {at::randn({2, 5, 3, 74})};
+  const at::Tensor upstream = at::randn({2, 5, 3, 74});
+  expect_close(run_with_grad([&](const auto& in) { return fused_rotary(in[0], cos, sin); }, inputs,
+                             upstream),
+               run_with_grad([&](const auto& in) { return apply_rotary(in[0], cos, sin); }, inputs,
+                             upstream),
+               kFp32Tolerance);
+  // Row 1 at positions 7..11 rotates as shared tables of those positions do.
+  const at::Tensor row = inputs[0].narrow(0, 1, 1);
+  EXPECT_LE(relative_error(fused_rotary(row, rotary->cos(7, 5), rotary->sin(7, 5)),
+                           fused_rotary(inputs[0], cos, sin).narrow(0, 1, 1)),
+            kFp32Tolerance);
+}
+
 // q and k come from views of a linear's output; a transposed view must rotate the same.
 TEST_F(FusedKernelRotary, TakesAStridedInput) {
   at::manual_seed(202);
@@ -279,6 +301,9 @@ TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
   EXPECT_THROW(fused_rms_norm(x, at::ones({74}, at::kBFloat16), 1e-6), c10::Error);
   EXPECT_THROW(fused_rotary(x.flatten(2), t.cos, t.sin), c10::Error);
   EXPECT_THROW(fused_rotary(x, t.cos.narrow(0, 0, 4), t.sin.narrow(0, 0, 4)), c10::Error);
+  const at::Tensor three_rows_cos = t.cos.unsqueeze(0).expand({x.size(0) + 1, -1, -1});
+  const at::Tensor three_rows_sin = t.sin.unsqueeze(0).expand({x.size(0) + 1, -1, -1});
+  EXPECT_THROW(fused_rotary(x, three_rows_cos, three_rows_sin), c10::Error);
   EXPECT_THROW(fused_rotary(x.narrow(3, 0, 73), t.cos.narrow(1, 0, 73), t.sin.narrow(1, 0, 73)),
                c10::Error);
   EXPECT_THROW(fused_rotary(x, t.cos.clone().requires_grad_(), t.sin), c10::Error);

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "common/error.h"
 #include "dist/communicator.h"
 #include "model/autocast_region.h"
@@ -10,6 +12,7 @@
 #include "model/hf_state_dict.h"
 #include "model/kernels.h"
 #include "model/llama.h"
+#include "model/packed_documents.h"
 #include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/optimizer.h"
@@ -38,9 +41,11 @@ ModelConfig small_base() {
   return model;
 }
 
-// The bytes one micro-batch's loss and its graph hold after forward.
+// The bytes one micro-batch's loss and its graph hold after forward; with `document_start`, of
+// its packed documents (data.document_masking) too.
 int64_t measured_activations(const ModelConfig& config, Kernels kernels, int64_t batch,
-                             int64_t length, bool bf16, bool checkpointing) {
+                             int64_t length, bool bf16, bool checkpointing,
+                             std::optional<int64_t> document_start = std::nullopt) {
   at::manual_seed(0);
   Llama model(config, kernels);
   model->set_activation_checkpointing(checkpointing);
@@ -48,9 +53,11 @@ int64_t measured_activations(const ModelConfig& config, Kernels kernels, int64_t
   const at::Tensor inputs = tokens.narrow(1, 0, length).contiguous();
   const at::Tensor targets = tokens.narrow(1, 1, length).contiguous();
   const testing::CpuAllocationCounter counter;
+  std::optional<PackedDocuments> documents;
+  if (document_start) documents = pack_documents(inputs, *document_start);
   // Inside the autocast region: the weights' casts it caches count too.
   const AutocastGuard autocast(c10::kCPU, bf16);
-  const at::Tensor loss = model->loss(inputs, targets);
+  const at::Tensor loss = model->loss(inputs, targets, documents ? &*documents : nullptr);
   return counter.allocated_bytes();
 }
 
@@ -149,6 +156,36 @@ TEST(MemoryPlan, ActivationsMatchWhatTheGraphOfAMicroBatchHolds) {
             << (ours ? "fused" : "aten") << (bf16 ? ", bf16" : ", fp32")
             << (checkpointing ? ", checkpointing" : "");
       }
+    }
+  }
+}
+
+// What document masking adds: each token's position and rotary rows, and its row of the mask.
+TEST(MemoryPlan, PackedDocumentsAddWhatTheirTablesAndMaskHold) {
+  const ModelConfig model = small_base();
+  const int64_t batch = 4;
+  const int64_t length = 64;
+  Config config;
+  config.model = model;
+  config.data.seq_len = length;
+  config.data.document_masking = true;
+  for (const Kernels kernels : {Kernels::fused_cpu, Kernels::aten}) {
+    for (const bool bf16 : {false, true}) {
+      config.train.kernels = kernels == Kernels::aten ? "aten" : "fused";
+      PlanTarget cpu;
+      cpu.bf16 = bf16;
+      const ComputePath path = compute_path(config, cpu);
+      const int64_t plain = measured_activations(model, kernels, batch, length, bf16, false);
+      const int64_t masked = measured_activations(model, kernels, batch, length, bf16, false,
+                                                  /*document_start=*/5);
+      const int64_t planned = batch * length * path.document_bytes_per_token;
+      // The plain forward under autocast on the ATen layers holds a [T, T] bf16 causal mask per
+      // layer besides, which the packed forward does not need.
+      const int64_t plain_masks =
+          !path.fused_layers && bf16 ? model.n_layers * length * length * 2 : 0;
+      // Exact up to the documents' bounds (a few int32).
+      EXPECT_NEAR(masked - plain, planned - plain_masks, 64)
+          << config.train.kernels << (bf16 ? ", bf16" : ", fp32");
     }
   }
 }

@@ -358,6 +358,16 @@ void check_consistency(const Config& config, const std::string& source) {
   } catch (const UserError& error) {
     throw UserError(fmt::format("{}: {}", source, error.what()));
   }
+  if (config.data.document_masking && config.data.eot_token < 0 && config.data.tokenizer.empty()) {
+    throw UserError(fmt::format(
+        "{}: data.document_masking needs the end-of-document token: set data.tokenizer to take "
+        "it from, or data.eot_token to its id",
+        source));
+  }
+  if (config.data.eot_token >= config.model.vocab_size) {
+    throw UserError(fmt::format("{}: data.eot_token ({}) is not a token of model.vocab_size = {}",
+                                source, config.data.eot_token, config.model.vocab_size));
+  }
   if (config.data.seq_len > config.model.max_seq_len) {
     throw UserError(fmt::format("{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
                                 config.data.seq_len, config.model.max_seq_len));

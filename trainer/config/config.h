@@ -24,7 +24,13 @@ namespace mltrain {
   KEY(S, int64_t, micro_batch, 16, "sequences per rank per forward pass", at_least(1))         \
   KEY(S, int64_t, grad_accum, 4, "micro-steps accumulated per optimizer step", at_least(1))    \
   KEY(S, int64_t, seed, 1337, "seed of the sample order and the initial weights", at_least(0)) \
-  KEY(S, int64_t, prefetch, 2, "batches the loader keeps ready", at_least(1))
+  KEY(S, int64_t, prefetch, 2, "batches the loader keeps ready", at_least(1))                  \
+  KEY(S, bool, document_masking, false,                                                        \
+      "attention within documents only, positions restarting at each (documents begin at the " \
+      "end-of-document token)",                                                                \
+      {})                                                                                      \
+  KEY(S, int64_t, eot_token, -1,                                                               \
+      "end-of-document token id for document masking (-1: the tokenizer's)", at_least(-1))
 
 #define MLTRAIN_OPTIM_KEYS(KEY, S)                                                                 \
   KEY(S, std::string, name, "adamw",                                                               \

@@ -20,8 +20,8 @@
 namespace mltrain {
 
 Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
-                    int64_t eval_batches, c10::Device device, bool bf16,
-                    Communicator& communicator) {
+                    int64_t eval_batches, c10::Device device, bool bf16, Communicator& communicator,
+                    std::optional<int64_t> document_start) {
   at::NoGradGuard no_grad;
   model->eval();
   double loss_sum = 0.0;
@@ -31,10 +31,13 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
     const std::vector<int64_t> indices =
         validation_windows(windows.num_windows(), layout, batch, communicator.rank());
     if (indices.empty()) continue;
-    const at::Tensor window = gather_windows(windows, indices).to(device);
+    const at::Tensor host_window = gather_windows(windows, indices);
+    const at::Tensor window = host_window.to(device);
+    const std::optional<PackedDocuments> documents =
+        documents_of(host_window, document_start, device);
     const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
-    loss_sum +=
-        window_loss(model, window, device, bf16).item<double>() * static_cast<double>(batch_tokens);
+    loss_sum += window_loss(model, window, device, bf16, documents).item<double>() *
+                static_cast<double>(batch_tokens);
     tokens += batch_tokens;
   }
   model->train();
@@ -45,14 +48,15 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
 
 SourcesEvaluation evaluate_sources(Llama& model, const std::vector<RunSource>& sources,
                                    const BatchLayout& layout, int64_t eval_batches,
-                                   c10::Device device, bool bf16, Communicator& communicator) {
+                                   c10::Device device, bool bf16, Communicator& communicator,
+                                   std::optional<int64_t> document_start) {
   SourcesEvaluation result;
   const std::vector<double> shares = shares_of(sources);
   double loss = 0.0;
   int64_t tokens = 0;
   for (size_t s = 0; s < sources.size(); ++s) {
-    const Evaluation evaluation =
-        evaluate(model, sources[s].val, layout, eval_batches, device, bf16, communicator);
+    const Evaluation evaluation = evaluate(model, sources[s].val, layout, eval_batches, device,
+                                           bf16, communicator, document_start);
     loss += shares[s] * evaluation.loss;
     tokens += evaluation.tokens;
     if (!sources[s].name.empty()) result.by_source.emplace_back(sources[s].name, evaluation);
@@ -85,6 +89,7 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
   check_tokenizer(config);
   const c10::Device device = resolve_device(config.train.device);
   const bool bf16 = use_bf16_autocast(config.train.precision, device);
+  const std::optional<int64_t> starts_documents = document_start(config);
   const std::vector<RunSource> sources = open_sources(config, /*train=*/false);
   // The weights are held against the config before a model of it is built.
   if (hf_directory) {
@@ -102,7 +107,7 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
   const auto single_rank = make_communicator(World());
   const SourcesEvaluation evaluated =
       evaluate_sources(model, sources, {config.data.micro_batch, config.data.grad_accum, 1},
-                       config.train.eval_batches, device, bf16, *single_rank);
+                       config.train.eval_batches, device, bf16, *single_rank, starts_documents);
   const Evaluation& evaluation = evaluated.mean;
   spdlog::info("{}: val loss {:.6f} | val ppl {:.2f} | {} tokens{}", file.string(), evaluation.loss,
                evaluation.perplexity, evaluation.tokens, evaluated.by_source_text());

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,10 +26,11 @@ struct Evaluation {
 
 // Evaluates the model on the first `eval_batches` validation batches (0: all) in file order, the
 // same windows on every run; each rank takes its slice and the sums are combined over the ranks.
-// Gradients are off; bf16 autocast follows `bf16`.
+// Gradients are off; bf16 autocast follows `bf16`, and attention stays within documents with a
+// document_start (data.document_masking), as in training.
 Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
-                    int64_t eval_batches, c10::Device device, bool bf16,
-                    Communicator& communicator);
+                    int64_t eval_batches, c10::Device device, bool bf16, Communicator& communicator,
+                    std::optional<int64_t> document_start = std::nullopt);
 
 // The evaluation of every source's validation windows (run_data.h), and their mean weighted by the
 // sources' shares of the training samples: with one corpus, its own evaluation.
@@ -43,7 +45,8 @@ struct SourcesEvaluation {
 };
 SourcesEvaluation evaluate_sources(Llama& model, const std::vector<RunSource>& sources,
                                    const BatchLayout& layout, int64_t eval_batches,
-                                   c10::Device device, bool bf16, Communicator& communicator);
+                                   c10::Device device, bool bf16, Communicator& communicator,
+                                   std::optional<int64_t> document_start = std::nullopt);
 
 // Loads weights (a Hugging Face model directory checked against config.model, see
 // hf_checkpoint.h, or else what find_weights finds), evaluates them on the validation windows and

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "model/cpu_kernels.h"
+#include "model/document_attention.h"
 #include "model/kernels.h"
 
 namespace mltrain {
@@ -90,11 +91,22 @@ std::optional<int64_t> smaller_micro_batch(const Config& config, const PlanTarge
 ComputePath compute_path(const Config& config, const PlanTarget& target) {
   const c10::Device device = target.cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
   const bool ours = choose_kernels(config.train.kernels, device) == Kernels::fused_cpu;
+  const bool fused_layers = ours && fused_kernels_support(at::kFloat);
+  // The rotary rows are fp32 for the fused layers, else in the dtype attention computes in, as is
+  // the mask, which variable-length flash attention does without (model/document_attention.h).
+  const int64_t compute_bytes = target.bf16 ? 2 : 4;
+  const int64_t table_bytes = fused_layers ? 4 : compute_bytes;
+  const bool variable_length = runs_variable_length_flash(
+      device.type(), target.bf16 ? at::kBFloat16 : at::kFloat, config.model.head_dim);
+  const int64_t mask_bytes = variable_length ? 0 : compute_bytes;
+  const int64_t document_bytes =
+      8 + 2 * table_bytes * config.model.head_dim + mask_bytes * config.data.seq_len;
   return {.bf16 = target.bf16,
-          .fused_layers = ours && fused_kernels_support(at::kFloat),
+          .fused_layers = fused_layers,
           .chunked_loss = ours,
           .repeated_kv =
-              target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads};
+              target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads,
+          .document_bytes_per_token = config.data.document_masking ? document_bytes : 0};
 }
 
 double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
@@ -117,11 +129,12 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
   const double weight_gradient =
       path.chunked_loss ? 4 * count(model.vocab_size * model.d_model) : 0;
   const double logits = path.chunked_loss ? 0 : 8 * count(tokens) * count(model.vocab_size);
+  const double documents = count(tokens) * count(path.document_bytes_per_token);
   // Without checkpointing the products keep the casts for backward. With it the graph keeps none,
   // and they are gone when the autocast region ends, before backward; backward holds one block's
   // activations again while it recomputes it.
-  if (!activation_checkpointing) return casts + weight_gradient + logits;
-  return weight_gradient +
+  if (!activation_checkpointing) return casts + weight_gradient + logits + documents;
+  return weight_gradient + documents +
          std::max(casts, logits + count(tokens) * count(block_bytes_per_token(model, path)));
 }
 

@@ -60,6 +60,10 @@ struct ComputePath {
   // mltrain's chunked loss (train.kernels fused on the CPU); else the whole logits.
   bool chunked_loss = true;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
+  // data.document_masking: what the packed documents add per token, held from forward through
+  // backward by every layer at once: each token's rotary rows (cos and sin) and position,
+  // and its row of the [B, 1, T, T] mask (none for variable-length flash, CUDA in bf16).
+  int64_t document_bytes_per_token = 0;
 };
 ComputePath compute_path(const Config& config, const PlanTarget& target);
 
@@ -74,7 +78,8 @@ double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputeP
 bool shards_optimizer(const Config& config, int ranks);
 
 // The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
-// chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block.
+// chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block, the
+// packed documents' tables and mask.
 double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
                      bool activation_checkpointing);
 

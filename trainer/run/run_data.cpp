@@ -39,6 +39,21 @@ void check_tokenizer(const Config& config) {
   }
 }
 
+std::optional<int64_t> document_start(const Config& config) {
+  if (!config.data.document_masking) return std::nullopt;
+  if (config.data.eot_token >= 0) return config.data.eot_token;
+  // load_config has refused masking without either; check_tokenizer a tokenizer set and missing,
+  // except at the default path.
+  const std::string& path = config.data.tokenizer;
+  if (!std::filesystem::exists(path)) {
+    throw UserError(fmt::format(
+        "data.document_masking needs the end-of-document token: there is no tokenizer at {} "
+        "(data.tokenizer) to take it from; set data.eot_token to its id",
+        path));
+  }
+  return Tokenizer(path).end_of_document();
+}
+
 namespace {
 
 // The bytes of a tokenizer file; "" where there is none.

@@ -64,6 +64,11 @@ std::vector<double> shares_of(const std::vector<RunSource>& sources);
 // set to something else that is missing is a UserError.
 void check_tokenizer(const Config& config);
 
+// With data.document_masking, the token each document begins at: data.eot_token, or else the
+// end-of-document token of data.tokenizer (which mlprep writes after each document); none without
+// masking. Masking with neither is a UserError.
+std::optional<int64_t> document_start(const Config& config);
+
 // The bytes of the run's tokenizer file, for its checkpoints to carry; empty when the run has none
 // (data.tokenizer empty, or the default path with nothing there).
 std::string read_tokenizer_model(const Config& config);

@@ -10,21 +10,32 @@
 
 namespace mltrain {
 
-at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16) {
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16,
+                       const std::optional<PackedDocuments>& documents) {
   const int64_t length = window.size(1) - 1;
   const AutocastGuard autocast(device, bf16);
-  return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length));
+  return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length),
+                     documents ? &*documents : nullptr);
+}
+
+std::optional<PackedDocuments> documents_of(const at::Tensor& windows,
+                                            std::optional<int64_t> document_start,
+                                            c10::Device device) {
+  if (!document_start) return std::nullopt;
+  const at::Tensor read = windows.narrow(1, 0, windows.size(1) - 1);
+  return pack_documents(read, *document_start, /*pin_memory=*/device.is_cuda()).to(device);
 }
 
 // The step's phases are named scopes (RECORD_USER_SCOPE) that torch's profiler shows in a trace
 // (train.profile_steps); without a profiler they cost a flag's test.
 
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
-                            c10::Device device, bool bf16) {
+                            c10::Device device, bool bf16,
+                            const std::optional<PackedDocuments>& documents) {
   at::Tensor loss;
   {
     RECORD_USER_SCOPE("mltrain::forward");
-    loss = window_loss(model, window, device, bf16) / static_cast<double>(grad_accum);
+    loss = window_loss(model, window, device, bf16, documents) / static_cast<double>(grad_accum);
   }
   RECORD_USER_SCOPE("mltrain::backward");
   loss.backward();
@@ -33,11 +44,19 @@ at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad
 
 namespace {
 
-at::Tensor next_window(const StepParts& parts, int64_t step) {
+// A micro-batch of windows on the device, and the documents packed into them with document
+// masking.
+struct DeviceWindows {
+  at::Tensor tokens;
+  std::optional<PackedDocuments> documents;
+};
+
+DeviceWindows next_windows(const StepParts& parts, int64_t step) {
   RECORD_USER_SCOPE("mltrain::data");
   const MicroBatch batch = parts.loader.next();
   if (parts.hooks.read_windows) parts.hooks.read_windows(step, parts.rank, batch.windows);
-  return batch.tokens.to(parts.device, /*non_blocking=*/true);
+  return {batch.tokens.to(parts.device, /*non_blocking=*/true),
+          documents_of(batch.tokens, parts.document_start, parts.device)};
 }
 
 // The gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and the loss,
@@ -81,8 +100,9 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
-    loss += forward_backward(parts.model, next_window(parts, step), parts.grad_accum, parts.device,
-                             parts.bf16);
+    const DeviceWindows windows = next_windows(parts, step);
+    loss += forward_backward(parts.model, windows.tokens, parts.grad_accum, parts.device,
+                             parts.bf16, windows.documents);
   }
 
   const ReducedGradients gradients = reduce(parts, loss, result);

@@ -4,10 +4,12 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "data/loader.h"
 #include "dist/communicator.h"
 #include "model/llama.h"
+#include "model/packed_documents.h"
 #include "trainer/config/config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/run/spike_guard.h"
@@ -17,15 +19,25 @@ namespace mltrain {
 
 // The mean next-token loss of windows [B, seq_len + 1] (on the device): the model reads
 // window[:, :-1], under bf16 autocast when `bf16` (matmuls and attention in bf16, weights and the
-// loss in fp32), and is scored against window[:, 1:]. Training and evaluation both compute their
-// losses here, so that they agree on the precision policy.
-at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16);
+// loss in fp32), attending within `documents` when given (those of window[:, :-1], on the
+// device), and is scored against window[:, 1:]. Training and evaluation both compute their
+// losses here, so that they agree on the precision policy and the masking.
+at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16,
+                       const std::optional<PackedDocuments>& documents = std::nullopt);
+
+// With data.document_masking (`document_start`: the end-of-document token), the documents packed
+// into the part of windows [B, seq_len + 1] (on the CPU) that the model reads, moved to `device`
+// without waiting for it; none without.
+std::optional<PackedDocuments> documents_of(const at::Tensor& windows,
+                                            std::optional<int64_t> document_start,
+                                            c10::Device device);
 
 // Forward and backward of one micro-batch of windows (already on the device): its window_loss is
 // divided by grad_accum so that grad_accum calls accumulate the gradient of the step's mean loss,
 // and backward runs outside autocast. Returns the divided loss, detached.
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
-                            c10::Device device, bool bf16);
+                            c10::Device device, bool bf16,
+                            const std::optional<PackedDocuments>& documents = std::nullopt);
 
 // What one optimizer step saw and did. The loss and the gradient norm stay on the device until
 // the host reads them, at the steps that log or checkpoint: on CUDA every read waits for the
@@ -57,6 +69,7 @@ struct StepParts {
   int64_t grad_accum;  // micro-steps per step
   c10::Device device;
   bool bf16;
+  std::optional<int64_t> document_start;  // with data.document_masking: where documents begin
   int rank;
   const TrainingHooks& hooks;  // the tests' faults; none in the shipped binaries
 };

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <utility>
 
@@ -159,6 +160,7 @@ class TrainingRun {
   void open_profiler();
   void announce();
   void announce_sources();
+  void announce_document_masking();
   void record_blend();
   void record_step(const StepResult& result);
   std::optional<StepValues> read_steps();
@@ -183,6 +185,8 @@ class TrainingRun {
   const PrecisionChoice precision_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
+  // With data.document_masking, where documents begin: found before the data is read.
+  const std::optional<int64_t> document_start_;
   std::vector<RunSource> sources_;  // the corpora, whole before any pointer to them is taken
   BlendResume blend_start_;         // where the blend's current weights began, and unlisted sources
   std::optional<BlendedSampler> blend_;  // the training order, for the checkpoints' counts
@@ -240,6 +244,7 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       communicator_(make_communicator(world, device_, config.dist.backend,
                                       static_cast<double>(config.dist.timeout_s),
                                       config.dist.rendezvous)),
+      document_start_(document_start(config)),
       sources_(open_sources(config)),
       run_dir_(config.train.run_dir),
       checkpoints_(run_dir_),
@@ -409,6 +414,7 @@ void TrainingRun::start_data() {
                                 .grad_accum = layout_.grad_accum,
                                 .device = device_,
                                 .bf16 = precision_.bf16,
+                                .document_start = document_start_,
                                 .rank = world_.rank,
                                 .hooks = hooks_});
 }
@@ -486,6 +492,7 @@ void TrainingRun::announce() {
                    ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
                    : "");
   announce_sources();
+  if (document_start_) announce_document_masking();
   // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
   // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
   if (launched_by_mpirun()) {
@@ -537,6 +544,30 @@ void TrainingRun::announce_sources() {
     if (epochs > 1.0) {
       spdlog::warn("source {} will be repeated: {:.2f} epochs of it, each in a new order",
                    source.name, epochs);
+    }
+  }
+}
+
+// Where documents begin, and a warning for each source whose first windows hold no such token:
+// its windows would each be read as one document, as without masking, which a wrong
+// data.eot_token would also give.
+void TrainingRun::announce_document_masking() {
+  spdlog::info(
+      "attention within documents: each begins at token {} ({}), its positions counted from 0",
+      *document_start_,
+      config_.data.eot_token >= 0 ? "data.eot_token" : "the tokenizer's end-of-document token");
+  constexpr int64_t kWindowsLookedAt = 16;
+  for (const RunSource& source : sources_) {
+    const int64_t count = std::min(kWindowsLookedAt, source.train->num_windows());
+    std::vector<int64_t> indices(static_cast<size_t>(count));
+    std::iota(indices.begin(), indices.end(), 0);
+    const at::Tensor first = gather_windows(*source.train, indices);
+    if (!(first == *document_start_).any().item<bool>()) {
+      spdlog::warn(
+          "{}the first {} training windows hold no token {}: each would be read as one "
+          "document; is it the token that ends the documents of these shards (data.eot_token)?",
+          source.name.empty() ? "" : fmt::format("source {}: ", source.name), count,
+          *document_start_);
     }
   }
 }
@@ -805,7 +836,7 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
 void TrainingRun::evaluate_now(int64_t step) {
   const SourcesEvaluation evaluated =
       evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
-                       precision_.bf16, *communicator_);
+                       precision_.bf16, *communicator_, document_start_);
   const Evaluation& evaluation = evaluated.mean;
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
   spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens{}", step, evaluation.loss,
