@@ -3,11 +3,12 @@
 # the driver, a python3 with torch, CMake, ninja and nvcc, and nothing else of ours: it builds
 # mltrain against that torch and the Debian packages carried in bench/gpu-packages/ (made here by
 # bench/fetch_gpu_packages.sh), runs `ctest -L gpu`, trains configs/base.yaml for a few hundred
-# steps in bf16 through `mpirun -n 1` (so the NCCL path runs), runs bench/train_throughput.sh
-# in bf16 (with data.document_masking too, issue 26) and fp32, bench/checkpoint_pause.sh, and, as
-# the budget allows, bench/time_to_loss.sh on the base config (one seed, 240 steps). Every stage
-# has its own time limit, so one that fails or hangs leaves the others' results; $OUT/results.md
-# sums them up and the raw logs lie beside it.
+# steps in bf16 through `mpirun -n 1` (so the NCCL path runs) with two of them profiled by kind of
+# work (bench/step_profile.py), runs bench/train_throughput.sh in bf16 (with data.document_masking
+# too, issue 26) and fp32, bench/checkpoint_pause.sh, and, as the budget allows,
+# bench/time_to_loss.sh on the base config (one seed, 240 steps). Every stage has its own time
+# limit, so one that fails or hangs leaves the others' results; $OUT/results.md sums them up and
+# the raw logs lie beside it.
 #
 #   bash bench/gpu.sh                               # on the GPU machine, from any folder
 #   MLTRAIN_GPU_CHECK_DEVICE=cpu bash bench/gpu.sh  # the same stages here on the CPU, smaller
@@ -193,7 +194,8 @@ train_base() {
   for setting in "${train_sets[@]}" train.device="$device" train.max_steps="$steps" \
     train.run_dir="$work/run_base" train.eval_every="$steps" train.eval_batches=4 \
     train.ckpt_every="$steps" optim.warmup_steps="$warmup" data.train="$shards/train_*.bin" \
-    data.val="$shards/val_*.bin" data.tokenizer="$shards/tokenizer.model"; do
+    data.val="$shards/val_*.bin" data.tokenizer="$shards/tokenizer.model" \
+    train.profile_steps="$((steps / 2))-$((steps / 2 + 1))"; do
     sets+=(--set "$setting")
   done
   mpirun --oversubscribe --bind-to none -n 1 "$build/bin/mltrain" "$repo/configs/base.yaml" "${sets[@]}"
@@ -237,6 +239,13 @@ if progress:
     print(f"\n```\n{last.strip()}\n```")
 print()
 EOF
+  # Where the traced steps' time went (issue 25): GEMM, attention, glue, copies, idle gaps.
+  local trace
+  trace=$(ls "$work"/run_base/profile/steps_*.json 2>/dev/null | head -1)
+  if [[ -n $trace ]]; then
+    { echo "### Profile of two steps of the training run"; echo
+      "$python" "$repo/bench/step_profile.py" "$trace" --markdown 2>&1; echo; } | section
+  fi
 }
 
 bench_bf16() { benchmark bf16; }

@@ -97,7 +97,7 @@ run_mltrain() {
     data.seq_len="$seq_len" data.micro_batch="$micro_batch" data.grad_accum="$grad_accum" \
     train.device="$device" train.precision="$precision" train.threads="$threads" \
     train.max_steps="$last" train.log_every=1 train.eval_every="$last" train.eval_batches=1 \
-    train.ckpt_every="$last" train.run_dir="$run_dir" optim.warmup_steps=1 "$@"; do
+    train.ckpt_every="$last" train.run_dir="$run_dir" optim.warmup_steps=1 train.tf32=false "$@"; do
     sets+=(--set "$setting")
   done
   bounded "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" || return
@@ -213,6 +213,8 @@ dense, attention = 6 * N, 12 * L * H * D * T
 flops_per_token = dense + attention
 
 where = f"{threads} CPU threads" if device == "cpu" else f"one {device} device"
+if device == "cuda" and precision == "fp32":
+    where += ", TF32 off for every implementation (mltrain's train.tf32=false, PyTorch's default)"
 print(f"\n### Training throughput: {model} model, {device}, {precision}\n")
 print(f"{tokens} tokens per step, {where}; a run's figure is the median of its "
       f"{steps} steps after {warmup} warm-up steps\n")

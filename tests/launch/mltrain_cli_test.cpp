@@ -1,9 +1,11 @@
 // mltrain as a user runs it: what it prints and how it exits.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -47,6 +49,25 @@ TEST(MltrainCli, ProfileStepsTraceThoseStepsWithMltrainsPhases) {
   for (const char* phase : {"mltrain::data", "mltrain::forward", "mltrain::backward",
                             "mltrain::reduce", "mltrain::optimizer", "aten::mm"})
     EXPECT_TRUE(names.contains(phase)) << phase;
+
+  // bench/step_profile.py sums the trace by kind of work: every share counted once, the matrix
+  // products among them.
+  const CommandResult profile = testing::run_command(fmt::format(
+      "{} {}/bench/step_profile.py {}", MLTRAIN_PYTHON, MLTRAIN_SOURCE_DIR, trace.string()));
+  ASSERT_EQ(profile.exit_code, 0) << profile.output;
+  std::istringstream rows(profile.output);
+  double shares = 0.0;
+  std::map<std::string, double> share_of;
+  for (std::string line; std::getline(rows, line);) {
+    const size_t first_tab = line.find('\t');
+    const size_t last_tab = line.rfind('\t');
+    ASSERT_NE(first_tab, last_tab) << line;
+    share_of[line.substr(0, first_tab)] = std::stod(line.substr(last_tab + 1));
+    shares += share_of[line.substr(0, first_tab)];
+  }
+  EXPECT_NEAR(shares, 1.0, 1e-3) << profile.output;
+  EXPECT_GT(share_of["matrix products"], 0.05) << profile.output;
+  EXPECT_GT(share_of["attention"], 0.0) << profile.output;
 
   const CommandResult plain =
       mltrain(run_yaml + " --set train.run_dir=" + (dir / "plain").string());

@@ -32,5 +32,19 @@ TEST(ComputeSettings, FlushesDenormalsOnEveryThreadThatComputes) {
   EXPECT_EQ((denormal * 2.0f).ne(0).sum().item<int64_t>(), 0);
 }
 
+// train.tf32 sets cuBLAS's fp32 products to TF32 or full fp32, process-wide, through both of
+// torch's flags alike: ATen's legacy reader throws where the two disagree.
+TEST(ComputeSettings, Tf32FollowsTheKey) {
+  TrainConfig train;
+  ASSERT_TRUE(train.tf32) << "on by default";
+  apply_compute_settings(train);
+  EXPECT_TRUE(cuda_matmuls_in_tf32());
+  EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
+  train.tf32 = false;
+  apply_compute_settings(train);
+  EXPECT_FALSE(cuda_matmuls_in_tf32());
+  EXPECT_FALSE(at::globalContext().allowTF32CuBLAS());
+}
+
 }  // namespace
 }  // namespace mltrain

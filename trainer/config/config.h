@@ -68,6 +68,10 @@ namespace mltrain {
   KEY(S, std::string, device, "auto", "auto (CUDA when present), cpu or cuda",                   \
       one_of({"auto", "cpu", "cuda"}))                                                           \
   KEY(S, int64_t, threads, 0, "CPU intra-op threads (0: all cores)", at_least(0))                \
+  KEY(S, bool, tf32, true,                                                                       \
+      "fp32 matrix products on CUDA in TF32 (tensor cores, 10-bit mantissa inputs, fp32 "        \
+      "accumulation); false: full fp32. No effect on the CPU or under bf16",                     \
+      {})                                                                                        \
   KEY(S, std::string, run_dir, "runs/base",                                                      \
       "directory of metrics, config and checkpoints, owned by one training run at a time "       \
       "(RUN_DIR/run.lock)",                                                                      \

@@ -17,6 +17,14 @@ void apply_compute_settings(const TrainConfig& train) {
   const int64_t threads = at::get_num_threads();
   at::parallel_for(0, threads, 1,
                    [](int64_t, int64_t) { at::globalContext().setFlushDenormal(true); });
+  // The setter that sets both of torch's flags, the legacy one and the one of 2.9 on: ATen reads
+  // either, and throws ("a mix of the legacy and new APIs") where they disagree.
+  at::globalContext().setAllowTF32CuBLAS(train.tf32);
+}
+
+bool cuda_matmuls_in_tf32() {
+  return at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+         at::Float32Precision::TF32;
 }
 
 bool flushes_denormals() {

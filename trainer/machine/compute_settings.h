@@ -5,8 +5,10 @@
 namespace mltrain {
 
 // The process-wide compute settings of train.*, applied before a model runs: the CPU's intra-op
-// thread count (train.threads) and denormal flushing. (The model's kernels are no such setting: the
-// model is built with them, model/kernels.h.)
+// thread count (train.threads), denormal flushing, and TF32 for CUDA's fp32 matrix products
+// (train.tf32; on by default, as for torch.compile users who set it; a like-for-like fp32
+// comparison with PyTorch, whose default is off, sets it false). (The model's kernels are no such
+// setting: the model is built with them, model/kernels.h.)
 //
 // Denormals are flushed to zero on the CPU (FTZ and DAZ), always: a gradient or moment that
 // decays into the denormal range makes every multiply on it take a slow microcode path, and a
@@ -17,5 +19,8 @@ void apply_compute_settings(const TrainConfig& train);
 
 // Whether this thread flushes denormals (for the log and the tests).
 bool flushes_denormals();
+
+// Whether CUDA's fp32 matrix products run in TF32 (for the log and the tests).
+bool cuda_matmuls_in_tf32();
 
 }  // namespace mltrain

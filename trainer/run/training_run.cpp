@@ -479,6 +479,10 @@ void TrainingRun::announce() {
                                                    : config_.dist.rendezvous));
   }
   log_precision(precision_);
+  if (device_.is_cuda() && !precision_.bf16) {
+    spdlog::info("fp32 matrix products: {} (train.tf32)",
+                 cuda_matmuls_in_tf32() ? "TF32 tensor cores" : "full fp32");
+  }
   spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
                config_.train.kernels);
   spdlog::info("optimizer: {}, {:.1f} MB of state on this rank{}",
