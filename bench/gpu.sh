@@ -190,12 +190,13 @@ build_targets() { ninja -C "$build" -j "$(nproc)" mltrain gpu_tests; }
 gpu_tests() { ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120; }
 
 train_base() {
-  local sets=() setting warmup=$((steps / 10 > 0 ? steps / 10 : 1))
+  local sets=() setting warmup=$((steps / 10 > 0 ? steps / 10 : 1)) profile=()
+  # Two steps in the middle, traced for summarize_training (a run too short has none to spare).
+  ((steps >= 4)) && profile=(train.profile_steps="$((steps / 2))-$((steps / 2 + 1))")
   for setting in "${train_sets[@]}" train.device="$device" train.max_steps="$steps" \
     train.run_dir="$work/run_base" train.eval_every="$steps" train.eval_batches=4 \
     train.ckpt_every="$steps" optim.warmup_steps="$warmup" data.train="$shards/train_*.bin" \
-    data.val="$shards/val_*.bin" data.tokenizer="$shards/tokenizer.model" \
-    train.profile_steps="$((steps / 2))-$((steps / 2 + 1))"; do
+    data.val="$shards/val_*.bin" data.tokenizer="$shards/tokenizer.model" "${profile[@]}"; do
     sets+=(--set "$setting")
   done
   mpirun --oversubscribe --bind-to none -n 1 "$build/bin/mltrain" "$repo/configs/base.yaml" "${sets[@]}"

@@ -3,10 +3,13 @@ train.profile_steps (RUN_DIR/profile/steps_FIRST-LAST.json, torch's Chrome trace
 
 usage: step_profile.py TRACE [--markdown]
 
-On a GPU it sums the device's kernels by class: matrix products, attention, elementwise work,
-reductions, copies and dtype casts, the optimizer, communication, mltrain's own kernels, other;
-and the idle time, when the device ran no kernel between the traced steps' first kernel and their
-last. The GEMM time inside the running step it reports settles how fast the products run there,
+On a GPU it sums the device's kernels and copies by class: matrix products, attention,
+elementwise work, reductions, copies and dtype casts, the optimizer, communication, mltrain's own
+kernels (the fused CUDA kernels of issue 25, once they exist), other; and the idle time, when the
+device ran nothing between the traced steps' first kernel and their last (the gap between the two
+steps included). The profiler slows the host while it records, so the idle time is an upper bound.
+Kernels that overlap (communication beside computation) each count whole, so the sum can exceed
+the wall time. The GEMM time inside the running step settles how fast the products run there,
 against bench/matmul_rate.py's products alone.
 
 On the CPU, where the trace holds operators rather than kernels, it sums each operator's own time
@@ -25,11 +28,13 @@ from collections import defaultdict
 # holds "elementwise_kernel" too, so copies come first.
 CLASSES = [
     ("communication", ("nccl", "c10d::", "allreduce", "all_reduce")),
-    ("optimizer", ("multi_tensor_apply", "fused_adam", "_fused_adamw", "adam")),
+    ("optimizer", ("multi_tensor_apply", "adam")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm",
                          "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")),
-    ("copies and casts", ("copy", "memcpy", "memset", "aten::to", "aten::_to_copy", "cast")),
+    # A dtype cast is a copy kernel on the GPU (aten::to on the CPU); "cast" alone would also take
+    # the elementwise kernels named gpu_kernel_impl_nocast or LoadWithCast.
+    ("copies and casts", ("copy", "memcpy", "memset", "aten::to")),
     ("reductions", ("reduce_kernel", "aten::sum", "aten::mean", "aten::amax", "aten::logsumexp",
                     "aten::linalg_vector_norm", "norm_kernel")),
     ("mltrain's kernels", ("mltrain",)),
@@ -113,7 +118,7 @@ def main():
     args = parser.parse_args()
     with open(args.trace) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if kernels:
         where, by_class = "the GPU's kernels", gpu_classes(kernels)
     else:
@@ -122,6 +127,8 @@ def main():
             sys.exit(f"{args.trace}: no kernels and no operators in the trace")
         where, by_class = "the CPU's operators (own time)", cpu_classes(operators)
     total = sum(by_class.values())
+    if total <= 0:
+        sys.exit(f"{args.trace}: the traced steps took no time")
     rows = sorted(by_class.items(), key=lambda item: -item[1])
     if args.markdown:
         print(f"Time of the traced steps by kind of work, from {where}; {total:,.1f} ms in all.\n")

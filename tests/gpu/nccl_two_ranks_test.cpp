@@ -24,6 +24,7 @@ TEST(NcclTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   config.train.max_steps = 12;
   config.dist.backend = "nccl";
   config.dist.bucket_mb = 0.02;  // several buckets even for the tiny model
+  config.train.tf32 = false;     // full fp32, for the 1e-5 below
   testing::write_text(dir / "run.yaml", config_to_yaml(config));
   std::string mltrain = MLTRAIN_BIN_DIR "/mltrain ";
   mltrain += (dir / "run.yaml").string();  // appended: GCC 12 warns falsely on a concatenation

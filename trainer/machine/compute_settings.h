@@ -6,8 +6,9 @@ namespace mltrain {
 
 // The process-wide compute settings of train.*, applied before a model runs: the CPU's intra-op
 // thread count (train.threads), denormal flushing, and TF32 for CUDA's fp32 matrix products
-// (train.tf32; on by default, as for torch.compile users who set it; a like-for-like fp32
-// comparison with PyTorch, whose default is off, sets it false). (The model's kernels are no such
+// (train.tf32; on by default: several times the fp32 rate for a 10-bit mantissa in the products'
+// inputs, which training tolerates; PyTorch's default is off, so a like-for-like fp32 comparison
+// sets it false). (The model's kernels are no such
 // setting: the model is built with them, model/kernels.h.)
 //
 // Denormals are flushed to zero on the CPU (FTZ and DAZ), always: a gradient or moment that

@@ -481,7 +481,7 @@ void TrainingRun::announce() {
   log_precision(precision_);
   if (device_.is_cuda() && !precision_.bf16) {
     spdlog::info("fp32 matrix products: {} (train.tf32)",
-                 cuda_matmuls_in_tf32() ? "TF32 tensor cores" : "full fp32");
+                 cuda_matmuls_in_tf32() ? "TF32 (on Ampere and newer)" : "full fp32");
   }
   spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
                config_.train.kernels);
