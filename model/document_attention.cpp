@@ -17,10 +17,8 @@ bool runs_variable_length_flash(c10::DeviceType device, c10::ScalarType dtype, i
 
 DocumentAttention::DocumentAttention(PackedDocuments documents, c10::ScalarType dtype,
                                      int64_t head_dim)
-    : documents_(std::move(documents)),
-      variable_length_(
-          runs_variable_length_flash(documents_.positions.device().type(), dtype, head_dim)) {
-  if (variable_length_) return;
+    : documents_(std::move(documents)) {
+  if (runs_variable_length_flash(documents_.positions.device().type(), dtype, head_dim)) return;
   // Each token's document within its row, counted from its first token. A key is hidden from a
   // query of another document, and from an earlier one: SDPA takes a mask or is_causal, not both.
   const at::Tensor document = at::cumsum(documents_.positions == 0, 1);  // [B, T]
@@ -34,7 +32,7 @@ DocumentAttention::DocumentAttention(PackedDocuments documents, c10::ScalarType 
 
 at::Tensor DocumentAttention::operator()(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v) const {
-  if (variable_length_) {
+  if (!mask_.defined()) {
     const int64_t batch = q.size(0);
     const int64_t length = q.size(2);
     // [B, H, T, D] as the [B x T, H, D] flash takes: the projections' own layout, transposed back.

@@ -30,8 +30,9 @@ class DocumentAttention {
 
  private:
   PackedDocuments documents_;
-  bool variable_length_;
-  at::Tensor mask_;  // [B, 1, T, T] additive, in the attention's dtype; none with varlen
+  // [B, 1, T, T] additive, in the attention's dtype; none for variable-length flash attention,
+  // which takes the documents' bounds instead.
+  at::Tensor mask_;
 };
 
 // Whether attention within documents runs variable-length flash attention (no mask) for queries of
