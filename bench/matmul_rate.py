@@ -109,9 +109,10 @@ def attention_products(b, t, d, calls, dtype, device):
 def model_products(args, dtype, device):
     m, d, L = args.micro_batch * args.seq_len, args.d_model, args.n_layers
     q, kv = args.n_q_heads * args.head_dim, args.n_kv_heads * args.head_dim
-    # (name, K, N, calls per micro-batch); equal shapes are timed once and counted together.
-    layers = [("wq", d, q, L), ("wk, wv", d, kv, 2 * L), ("wo", q, d, L),
-              ("w_gate, w_up", d, args.d_ffn, 2 * L), ("w_down", args.d_ffn, d, L),
+    # (name, K, N, calls per micro-batch); equal shapes are timed once and counted together. The
+    # projections as mltrain runs them: q, k and v as one product, gate and up as one.
+    layers = [("wqkv", d, q + 2 * kv, L), ("wo", q, d, L),
+              ("w_gate_up", d, 2 * args.d_ffn, L), ("w_down", args.d_ffn, d, L),
               ("lm_head (tied)", d, args.vocab_size, 1)]
     merged = {}
     for name, k, n, calls in layers:

@@ -29,12 +29,9 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels)
-    : wq(register_module("wq", torch::nn::Linear(bias_free_linear(
-                                   config.d_model, config.n_q_heads * config.head_dim)))),
-      wk(register_module("wk", torch::nn::Linear(bias_free_linear(
-                                   config.d_model, config.n_kv_heads * config.head_dim)))),
-      wv(register_module("wv", torch::nn::Linear(bias_free_linear(
-                                   config.d_model, config.n_kv_heads * config.head_dim)))),
+    : wqkv(register_module("wqkv", torch::nn::Linear(bias_free_linear(
+                                       config.d_model, (config.n_q_heads + 2 * config.n_kv_heads) *
+                                                           config.head_dim)))),
       wo(register_module("wo", torch::nn::Linear(bias_free_linear(
                                    config.n_q_heads * config.head_dim, config.d_model)))),
       n_q_heads_(config.n_q_heads),
@@ -47,17 +44,16 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
                                   const DocumentAttention* documents) {
   const int64_t batch = x.size(0);
   const int64_t length = x.size(1);
-  // Rotary embeddings act on [B, T, H, D]; SDPA wants [B, H, T, D].
-  at::Tensor q =
-      rotate_heads(project(x, wq->weight, kernels_).view({batch, length, n_q_heads_, head_dim_}),
-                   cos, sin, kernels_);
-  at::Tensor k =
-      rotate_heads(project(x, wk->weight, kernels_).view({batch, length, n_kv_heads_, head_dim_}),
-                   cos, sin, kernels_);
-  at::Tensor v = project(x, wv->weight, kernels_).view({batch, length, n_kv_heads_, head_dim_});
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
+  // [B, T, heads, D]: the query heads, then the key heads, then the value heads. Rotary embeddings
+  // act on [B, T, H, D]; SDPA wants [B, H, T, D]. The rotated copy is a new tensor, so the
+  // product's output is freed once it is made.
+  const at::Tensor heads =
+      rotate_heads(project(x, wqkv->weight, kernels_)
+                       .view({batch, length, n_q_heads_ + 2 * n_kv_heads_, head_dim_}),
+                   cos, sin, kernels_, /*rotated_heads=*/n_q_heads_ + n_kv_heads_);
+  const at::Tensor q = heads.narrow(2, 0, n_q_heads_).transpose(1, 2);
+  at::Tensor k = heads.narrow(2, n_q_heads_, n_kv_heads_).transpose(1, 2);
+  at::Tensor v = heads.narrow(2, n_q_heads_ + n_kv_heads_, n_kv_heads_).transpose(1, 2);
   if (documents != nullptr) {
     TORCH_CHECK(cache == nullptr, "attention within documents takes no cache");
     return attended_output((*documents)(q, k, v));

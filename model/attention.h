@@ -34,8 +34,11 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
                               bool repeat_kv);
 
 // Grouped-query causal self-attention: n_q_heads query heads share n_kv_heads key/value heads.
-// SDPA receives the un-repeated keys and values (enable_gqa) wherever a fused kernel takes them,
-// so the repeated K/V of a naive implementation are built only where that saves the scores.
+// Queries, keys and values come out of one product, wqkv, which holds the query projection's
+// rows, then the key projection's, then the value projection's (Hugging Face's q_proj, k_proj and
+// v_proj, model/hf_state_dict.h); one pass rotates the queries and keys and copies the values out
+// of it. SDPA receives the un-repeated keys and values (enable_gqa) wherever a fused kernel takes
+// them, so the repeated K/V of a naive implementation are built only where that saves the scores.
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& config, Kernels kernels);
@@ -51,9 +54,7 @@ class AttentionImpl : public torch::nn::Module {
                      int64_t start_pos = 0, KVCache* cache = nullptr, int64_t layer = 0,
                      const DocumentAttention* documents = nullptr);
 
-  torch::nn::Linear wq;
-  torch::nn::Linear wk;
-  torch::nn::Linear wv;
+  torch::nn::Linear wqkv;
   torch::nn::Linear wo;
 
  private:

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // The kernels are built on ATen's AVX2 vector types whatever flags the rest of the project is
 // compiled with (x86-64 baseline, where at::vec falls back to scalar loops and scalar expf, slower
@@ -202,14 +204,19 @@ void rms_norm_backward_rows(const float* grad, const T* x, const float* weight, 
 
 // Rotates each row of D values (pairs i, i + D/2) by its position's angle, or with inverse by
 // the transpose, which is backward's map from the output's gradient to the input's. Rows are
-// [B, T, H] flattened, so row r is token r / heads; the tables hold table_rows rows, T shared by
-// the batch or B x T of each token's own position, and token i takes row i % table_rows.
+// [B, T, H] flattened, so row r is token r / heads and head r % heads; heads from rotated_heads on
+// are copied as they are. The tables hold table_rows rows, T shared by the batch or B x T of each
+// token's own position, and token i takes row i % table_rows.
 template <typename T>
 void rotate_rows(const T* x, const float* cos, const float* sin, int64_t rows, int64_t heads,
-                 int64_t table_rows, int64_t dim, bool inverse, T* out) {
+                 int64_t rotated_heads, int64_t table_rows, int64_t dim, bool inverse, T* out) {
   const int64_t half = dim / 2;
   at::parallel_for(0, rows, row_grain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
+      if (r % heads >= rotated_heads) {
+        std::copy_n(x + r * dim, dim, out + r * dim);
+        continue;
+      }
       const int64_t t = (r / heads) % table_rows;
       const float* c = cos + t * dim;
       const float* s = sin + t * dim;
@@ -237,31 +244,45 @@ void rotate_rows(const T* x, const float* cos, const float* sin, int64_t rows, i
   });
 }
 
+// silu(gate) * up of each row of gate_up, [gate (width values), up (width values)], into out.
 template <typename T>
-void swiglu_elements(const T* gate, const T* up, int64_t count, T* out) {
-  at::parallel_for(0, count, kGrainElements, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i += kLanes) {
-      const int64_t n = std::min(kLanes, end - i);
-      const Vec g = load(gate + i, n);
-      // silu as ATen writes it, x / (1 + exp(-x)), with the exp ATen's softmax takes: a third
-      // faster than SLEEF's, whose cost dominates here, and as exact in the result (a few 1e-8).
-      store(g / (Vec(1.0f) + g.neg().exp_u20()) * load(up + i, n), out + i, n);
+void swiglu_rows(const T* gate_up, int64_t rows, int64_t width, T* out) {
+  at::parallel_for(0, rows, row_grain(2 * width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = gate_up + r * 2 * width;
+      const T* up = gate + width;
+      T* o = out + r * width;
+      for (int64_t i = 0; i < width; i += kLanes) {
+        const int64_t n = std::min(kLanes, width - i);
+        const Vec g = load(gate + i, n);
+        // silu as ATen writes it, x / (1 + exp(-x)), with the exp ATen's softmax takes: a third
+        // faster than SLEEF's, whose cost dominates here, and as exact in the result (a few 1e-8).
+        store(g / (Vec(1.0f) + g.neg().exp_u20()) * load(up + i, n), o + i, n);
+      }
     }
   });
 }
 
+// The gradient of swiglu_rows' input, rows of [gate's, up's], from its output's.
 template <typename T>
-void swiglu_backward_elements(const T* grad, const T* gate, const T* up, int64_t count,
-                              T* grad_gate, T* grad_up) {
-  at::parallel_for(0, count, kGrainElements, [&](int64_t begin, int64_t end) {
+void swiglu_backward_rows(const T* grad, const T* gate_up, int64_t rows, int64_t width,
+                          T* grad_gate_up) {
+  at::parallel_for(0, rows, row_grain(2 * width), [&](int64_t begin, int64_t end) {
     const Vec one(1.0f);
-    for (int64_t i = begin; i < end; i += kLanes) {
-      const int64_t n = std::min(kLanes, end - i);
-      const Vec dy = load(grad + i, n);
-      const Vec g = load(gate + i, n);
-      const Vec sigmoid = one / (one + g.neg().exp_u20());
-      store(dy * load(up + i, n) * sigmoid * (one + g * (one - sigmoid)), grad_gate + i, n);
-      store(dy * (g * sigmoid), grad_up + i, n);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* dy_row = grad + r * width;
+      const T* gate = gate_up + r * 2 * width;
+      const T* up = gate + width;
+      T* grad_gate = grad_gate_up + r * 2 * width;
+      T* grad_up = grad_gate + width;
+      for (int64_t i = 0; i < width; i += kLanes) {
+        const int64_t n = std::min(kLanes, width - i);
+        const Vec dy = load(dy_row + i, n);
+        const Vec g = load(gate + i, n);
+        const Vec sigmoid = one / (one + g.neg().exp_u20());
+        store(dy * load(up + i, n) * sigmoid * (one + g * (one - sigmoid)), grad_gate + i, n);
+        store(dy * (g * sigmoid), grad_up + i, n);
+      }
     }
   });
 }
@@ -386,7 +407,8 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
 
 // ---- RoPE ----
 
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                  int64_t rotated_heads, bool inverse) {
   const at::Tensor xc = x.contiguous();
   const at::Tensor cc = cos.contiguous();
   const at::Tensor sc = sin.contiguous();
@@ -394,7 +416,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   for_dtype(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     rotate_rows(xc.const_data_ptr<T>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
-                rows_of(x), x.size(2), cos.numel() / x.size(3), x.size(3), inverse,
+                rows_of(x), x.size(2), rotated_heads, cos.numel() / x.size(3), x.size(3), inverse,
                 out.data_ptr<T>());
   });
   return out;
@@ -403,54 +425,54 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
-                            const at::Tensor& sin) {
+                            const at::Tensor& sin, int64_t rotated_heads) {
     ctx->save_for_backward({cos, sin});
-    return rotate(x, cos, sin, /*inverse=*/false);
+    ctx->saved_data["rotated_heads"] = rotated_heads;
+    return rotate(x, cos, sin, rotated_heads, /*inverse=*/false);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
     const variable_list tables = ctx->get_saved_variables();
-    return {rotate(grads[0], tables[0], tables[1], /*inverse=*/true), at::Tensor(), at::Tensor()};
+    const int64_t rotated_heads = ctx->saved_data["rotated_heads"].toInt();
+    return {rotate(grads[0], tables[0], tables[1], rotated_heads, /*inverse=*/true), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 
 // ---- SwiGLU ----
 
-at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
-  const at::Tensor gc = gate.contiguous();
-  const at::Tensor uc = up.contiguous();
-  at::Tensor out = at::empty(gate.sizes(), gate.options());
-  for_dtype(gate.scalar_type(), [&](auto tag) {
+at::Tensor swiglu_forward(const at::Tensor& gate_up) {
+  const at::Tensor input = gate_up.contiguous();
+  const int64_t width = gate_up.size(-1) / 2;
+  std::vector<int64_t> sizes = gate_up.sizes().vec();
+  sizes.back() = width;
+  at::Tensor out = at::empty(sizes, gate_up.options());
+  for_dtype(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_elements(gc.const_data_ptr<T>(), uc.const_data_ptr<T>(), gate.numel(),
-                    out.data_ptr<T>());
+    swiglu_rows(input.const_data_ptr<T>(), rows_of(gate_up), width, out.data_ptr<T>());
   });
   return out;
 }
 
 class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate, up});
-    return swiglu_forward(gate, up);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    return swiglu_forward(gate_up);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor gate = saved[0].contiguous();
-    const at::Tensor up = saved[1].contiguous();
+    const at::Tensor gate_up = ctx->get_saved_variables()[0].contiguous();
     const at::Tensor grad = grads[0].contiguous();
-    at::Tensor grad_gate = at::empty_like(gate);
-    at::Tensor grad_up = at::empty_like(up);
-    for_dtype(gate.scalar_type(), [&](auto tag) {
+    at::Tensor grad_gate_up = at::empty_like(gate_up);
+    for_dtype(gate_up.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
-      swiglu_backward_elements(grad.const_data_ptr<T>(), gate.const_data_ptr<T>(),
-                               up.const_data_ptr<T>(), gate.numel(), grad_gate.data_ptr<T>(),
-                               grad_up.data_ptr<T>());
+      swiglu_backward_rows(grad.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(gate_up),
+                           gate_up.size(-1) / 2, grad_gate_up.data_ptr<T>());
     });
-    return {grad_gate, grad_up};
+    return {grad_gate_up};
   }
 };
 
@@ -471,7 +493,8 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
   return rms_norm_forward(x, weight, eps).first;
 }
 
-at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        std::optional<int64_t> rotated_heads) {
   check_input("fused_rotary", "x", x);
   check_input("fused_rotary", "cos", cos);
   check_input("fused_rotary", "sin", sin);
@@ -479,6 +502,9 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
               "fused_rotary: the tables must be Float");
   TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "fused_rotary: x is ", x.sizes(),
               ", it must be [B, T, H, D] with D even");
+  const int64_t rotated = rotated_heads.value_or(x.size(2));
+  TORCH_CHECK(rotated >= 0 && rotated <= x.size(2), "fused_rotary: ", rotated,
+              " heads to rotate of x ", x.sizes());
   const bool shared_tables = cos.dim() == 2 && cos.size(0) == x.size(1);
   const bool tables_per_row =
       cos.dim() == 3 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
@@ -488,18 +514,16 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
       " must both be [T, D] or [B, T, D] of x ", x.sizes());
   TORCH_CHECK(!(at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())),
               "fused_rotary: the tables take no gradient");
-  if (records_graph({x})) return RotaryFunction::apply(x, cos, sin);
-  return rotate(x, cos, sin, /*inverse=*/false);
+  if (records_graph({x})) return RotaryFunction::apply(x, cos, sin, rotated);
+  return rotate(x, cos, sin, rotated, /*inverse=*/false);
 }
 
-at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  check_input("fused_swiglu", "gate", gate);
-  check_input("fused_swiglu", "up", up);
-  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
-              "fused_swiglu: gate ", gate.sizes(), " ", gate.scalar_type(), " and up ", up.sizes(),
-              " ", up.scalar_type(), " must have one shape and dtype");
-  if (records_graph({gate, up})) return SwiGLUFunction::apply(gate, up);
-  return swiglu_forward(gate, up);
+at::Tensor fused_swiglu(const at::Tensor& gate_up) {
+  check_input("fused_swiglu", "gate_up", gate_up);
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "fused_swiglu: gate_up is ",
+              gate_up.sizes(), ", its last dimension must hold gate and up, of one width");
+  if (records_graph({gate_up})) return SwiGLUFunction::apply(gate_up);
+  return swiglu_forward(gate_up);
 }
 
 }  // namespace mltrain

@@ -2,6 +2,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <optional>
+
 namespace mltrain {
 
 // Fused CPU kernels for the memory-bound glue between the matmuls: each reads its inputs once and
@@ -25,12 +28,17 @@ bool fused_kernels_support(at::ScalarType dtype);
 // result is fp32 (x's dtype promoted with the weight's). Backward keeps x and one fp32 rstd a row.
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// apply_rotary (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D] (shared by
-// the rows) or [B, T, D] (each row's own positions) fp32 taking no gradient. Out of place,
+// rotate_leading_heads (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D]
+// (shared by the rows) or [B, T, D] (each row's own positions) fp32 taking no gradient. Heads
+// [0, rotated_heads) are rotated (all of them by default) and the others copied: queries and keys
+// rotated, and values copied, in one pass over the fused projection's output. Out of place,
 // contiguous, x's dtype; backward rotates the gradient back.
-at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        std::optional<int64_t> rotated_heads = std::nullopt);
 
-// silu(gate) * up, gate and up of one shape and dtype (fp32 or bf16); backward keeps the inputs.
-at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+// swiglu_composition (model/feed_forward.h): silu(gate) * up of gate_up [.., 2 width] (fp32 or
+// bf16), which holds gate and then up in its last dimension, into [.., width]; backward keeps the
+// input and writes the gradient of gate_up whole.
+at::Tensor fused_swiglu(const at::Tensor& gate_up);
 
 }  // namespace mltrain

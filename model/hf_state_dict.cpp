@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <array>
 #include <utility>
 #include <vector>
 
@@ -13,18 +12,53 @@
 namespace mltrain {
 namespace {
 
-// Names inside a block, ours -> Hugging Face's.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 9> kBlockNames{{
-    {"attn_norm.weight", "input_layernorm.weight"},
-    {"attn.wq.weight", "self_attn.q_proj.weight"},
-    {"attn.wk.weight", "self_attn.k_proj.weight"},
-    {"attn.wv.weight", "self_attn.v_proj.weight"},
-    {"attn.wo.weight", "self_attn.o_proj.weight"},
-    {"ffn_norm.weight", "post_attention_layernorm.weight"},
-    {"ffn.w_gate.weight", "mlp.gate_proj.weight"},
-    {"ffn.w_up.weight", "mlp.up_proj.weight"},
-    {"ffn.w_down.weight", "mlp.down_proj.weight"},
-}};
+// A parameter inside a block: our name, Hugging Face's (vLLM's for a fused projection), and the
+// Hugging Face tensors it holds row after row with their rows; none when it holds only itself.
+struct BlockParameter {
+  std::string_view ours;
+  std::string_view theirs;
+  std::vector<std::pair<std::string_view, int64_t>> parts;
+};
+
+std::vector<BlockParameter> block_parameters(const ModelConfig& config) {
+  const int64_t q = config.n_q_heads * config.head_dim;
+  const int64_t kv = config.n_kv_heads * config.head_dim;
+  return {
+      {"attn_norm.weight", "input_layernorm.weight", {}},
+      {"attn.wqkv.weight",
+       "self_attn.qkv_proj.weight",
+       {{"self_attn.q_proj.weight", q},
+        {"self_attn.k_proj.weight", kv},
+        {"self_attn.v_proj.weight", kv}}},
+      {"attn.wo.weight", "self_attn.o_proj.weight", {}},
+      {"ffn_norm.weight", "post_attention_layernorm.weight", {}},
+      {"ffn.w_gate_up.weight",
+       "mlp.gate_up_proj.weight",
+       {{"mlp.gate_proj.weight", config.d_ffn}, {"mlp.up_proj.weight", config.d_ffn}}},
+      {"ffn.w_down.weight", "mlp.down_proj.weight", {}},
+  };
+}
+
+// `name`, a parameter inside block `prefix` ("model.layers.3."), under Hugging Face's names.
+NamedParameter hf_block_parameter(const std::string& prefix, std::string_view name,
+                                  const at::Tensor& tensor, const ModelConfig& config) {
+  for (const BlockParameter& known : block_parameters(config)) {
+    if (name != known.ours) continue;
+    if (known.parts.empty()) return unfused_parameter(prefix + std::string(known.theirs), tensor);
+    NamedParameter fused{.name = prefix + std::string(known.theirs), .tensor = tensor, .parts = {}};
+    int64_t first_row = 0;
+    for (const auto& [theirs, rows] : known.parts) {
+      fused.parts.push_back(
+          {.name = prefix + std::string(theirs), .first_row = first_row, .rows = rows});
+      first_row += rows;
+    }
+    if (first_row != tensor.size(0))
+      throw std::logic_error(
+          fmt::format("{} has {} rows, its parts {}", fused.name, tensor.size(0), first_row));
+    return fused;
+  }
+  throw std::logic_error(fmt::format("no Hugging Face name for parameter {}", name));
+}
 
 std::string shape_text(at::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -32,33 +66,35 @@ std::string shape_text(at::IntArrayRef shape) {
 
 }  // namespace
 
-std::string hf_parameter_name(const std::string& name) {
-  if (name == "token_embeddings.weight") return "model.embed_tokens.weight";
-  if (name == "norm.weight") return "model.norm.weight";
-  if (name == "lm_head.weight") return name;
+NamedParameters hf_parameters(const Llama& model) {
+  NamedParameters named;
   const std::string_view layers_prefix = "layers.";
-  if (name.starts_with(layers_prefix)) {
-    const size_t index_end = name.find('.', layers_prefix.size());
-    const std::string_view rest = std::string_view(name).substr(index_end + 1);
-    for (const auto& [ours, theirs] : kBlockNames) {
-      if (rest == ours) return fmt::format("model.{}.{}", name.substr(0, index_end), theirs);
-    }
-  }
-  throw std::logic_error("no Hugging Face name for parameter " + name);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> hf_named_parameters(const Llama& model) {
-  std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : model->named_parameters()) {
-    named.emplace_back(hf_parameter_name(item.key()), item.value());
+    const std::string& name = item.key();
+    if (name == "token_embeddings.weight") {
+      named.push_back(unfused_parameter("model.embed_tokens.weight", item.value()));
+    } else if (name == "norm.weight") {
+      named.push_back(unfused_parameter("model.norm.weight", item.value()));
+    } else if (name == "lm_head.weight") {
+      named.push_back(unfused_parameter(name, item.value()));
+    } else if (name.starts_with(layers_prefix)) {
+      const size_t index_end = name.find('.', layers_prefix.size());
+      named.push_back(hf_block_parameter(fmt::format("model.{}.", name.substr(0, index_end)),
+                                         std::string_view(name).substr(index_end + 1), item.value(),
+                                         model->config()));
+    } else {
+      throw std::logic_error("no Hugging Face name for parameter " + name);
+    }
   }
   return named;
 }
 
 NamedTensors hf_state_dict(const Llama& model) {
   NamedTensors state;
-  for (const auto& [name, parameter] : hf_named_parameters(model))
-    state.emplace(name, parameter.detach());
+  for (const NamedParameter& parameter : hf_parameters(model)) {
+    for (const ParameterPart& part : parameter.parts)
+      state.emplace(part.name, part_of(parameter.tensor.detach(), part));
+  }
   return state;
 }
 

@@ -2,25 +2,26 @@
 
 #include <filesystem>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "model/llama.h"
+#include "model/named_parameter.h"
 #include "model/safetensors.h"
 
 namespace mltrain {
 
-// The Hugging Face LlamaForCausalLM name of a parameter of ours, e.g.
-// layers.3.attn.wq.weight -> model.layers.3.self_attn.q_proj.weight. The layouts are the same
-// (rotate-half RoPE, [out, in] projections), so weights map one to one without permutation.
-std::string hf_parameter_name(const std::string& name);
+// The model's parameters (themselves, gradients and all) in registration order, each under the
+// Hugging Face LlamaForCausalLM name of what it holds, with the Hugging Face tensors it holds as
+// its parts, e.g. layers.3.attn_norm.weight -> model.layers.3.input_layernorm.weight, itself its
+// one part. The fused projections take vLLM's names for them: layers.3.attn.wqkv.weight is
+// model.layers.3.self_attn.qkv_proj.weight, whose rows are q_proj's, then k_proj's, then
+// v_proj's; layers.3.ffn.w_gate_up.weight is model.layers.3.mlp.gate_up_proj.weight, gate_proj's
+// rows and then up_proj's. The layouts are otherwise the same (rotate-half RoPE, [out, in]
+// projections), so weights map one to one without permutation.
+NamedParameters hf_parameters(const Llama& model);
 
-// The model's parameters (themselves, gradients and all) under Hugging Face names, in registration
-// order.
-std::vector<std::pair<std::string, at::Tensor>> hf_named_parameters(const Llama& model);
-
-// The model's parameters under Hugging Face names. Tied models have no lm_head.weight, as
-// Hugging Face writes them. The tensors share storage with the model.
+// The model's weights under Hugging Face names: each part of each parameter (hf_parameters), a
+// view that shares storage with the model. Tied models have no lm_head.weight, as Hugging Face
+// writes them.
 NamedTensors hf_state_dict(const Llama& model);
 
 // Copies tensors named as hf_state_dict names them into the model (casting floating dtypes).

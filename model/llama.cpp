@@ -76,12 +76,9 @@ void LlamaImpl::init_weights() {
   for (Block& block : layers) {
     block->attn_norm->weight.fill_(1.0);
     block->ffn_norm->weight.fill_(1.0);
-    block->attn->wq->weight.normal_(0.0, std);
-    block->attn->wk->weight.normal_(0.0, std);
-    block->attn->wv->weight.normal_(0.0, std);
+    block->attn->wqkv->weight.normal_(0.0, std);
     block->attn->wo->weight.normal_(0.0, residual_std);
-    block->ffn->w_gate->weight.normal_(0.0, std);
-    block->ffn->w_up->weight.normal_(0.0, std);
+    block->ffn->w_gate_up->weight.normal_(0.0, std);
     block->ffn->w_down->weight.normal_(0.0, residual_std);
   }
   norm->weight.fill_(1.0);

@@ -23,12 +23,21 @@ at::Tensor RotaryImpl::rows_at(const at::Tensor& table, const at::Tensor& positi
 }
 
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                        Kernels kernels) {
+                        Kernels kernels, int64_t rotated_heads) {
   if (runs_fused_cpu(kernels, x) && cos.scalar_type() == at::kFloat &&
       sin.scalar_type() == at::kFloat) {
-    return fused_rotary(x, cos, sin);
+    return fused_rotary(x, cos, sin, rotated_heads);
   }
-  return apply_rotary(x, cos, sin);
+  return rotate_leading_heads(x, cos, sin, rotated_heads);
+}
+
+at::Tensor rotate_leading_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                int64_t rotated_heads) {
+  const int64_t heads = x.size(2);
+  if (rotated_heads == heads) return apply_rotary(x, cos, sin);
+  return at::cat({apply_rotary(x.narrow(2, 0, rotated_heads), cos, sin),
+                  x.narrow(2, rotated_heads, heads - rotated_heads)},
+                 2);
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

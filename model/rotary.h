@@ -31,13 +31,19 @@ class RotaryImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Rotary);
 
-// Rotates x [B, T, H, head_dim] by tables [T, head_dim], or [B, T, head_dim] for positions per row:
-// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device and the dtypes allow
-// it; apply_rotary otherwise.
+// Rotates heads [0, rotated_heads) of x [B, T, H, head_dim] by tables [T, head_dim], or
+// [B, T, head_dim] for positions per row, and copies the others as they are, into a new tensor:
+// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device and the dtypes
+// allow it, in one pass; rotate_leading_heads otherwise. The attention rotates its queries and
+// keys, and copies its values, out of the output of its one fused projection.
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                        Kernels kernels);
+                        Kernels kernels, int64_t rotated_heads);
 
-// The same as plain ATen operators (tables cast to x's dtype): the reference of the fused kernel.
+// The same as plain ATen operators: the reference of the fused kernel.
+at::Tensor rotate_leading_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                int64_t rotated_heads);
+
+// Every head of x rotated (tables cast to x's dtype), as plain ATen operators.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace mltrain

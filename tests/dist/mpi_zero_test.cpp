@@ -111,11 +111,11 @@ const DataParallelOptions zero1_options = [] {
 TEST(Zero1AdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   Llama whole_model = fresh_model();
-  const AdamW whole(hf_named_parameters(whole_model), {});
+  const AdamW whole(hf_parameters(whole_model), {});
 
   Llama model = fresh_model();
   const auto communicator = make_communicator(world);
-  const Zero1AdamW sharded(hf_named_parameters(model), *communicator, zero1_options);
+  const Zero1AdamW sharded(hf_parameters(model), *communicator, zero1_options);
   // The parameters moved into the optimizer's buckets, and kept their values.
   const std::vector<at::Tensor> original = whole_model->parameters();
   for (size_t i = 0; i < original.size(); ++i)
@@ -157,7 +157,7 @@ TEST(Zero1AdamW, EachRankHoldsOneNthOfTheStateUpToPadding) {
 struct ShardedRun {
   Llama model = fresh_model();
   std::unique_ptr<Communicator> communicator = make_communicator(world);
-  Zero1AdamW optimizer{hf_named_parameters(model), *communicator, zero1_options};
+  Zero1AdamW optimizer{hf_parameters(model), *communicator, zero1_options};
 };
 
 // One step's order is the object's: an update before the gradients are reduced is refused.
@@ -184,7 +184,7 @@ TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart
     EXPECT_TRUE(state.empty());
   } else {
     // The names and shapes of an unsharded AdamW's state, every moment touched by the step.
-    const AdamW whole(hf_named_parameters(fresh_model()), {});
+    const AdamW whole(hf_parameters(fresh_model()), {});
     ASSERT_EQ(state.size(), whole.state().size());
     for (const auto& [name, tensor] : whole.state()) {
       ASSERT_TRUE(state.contains(name)) << name;

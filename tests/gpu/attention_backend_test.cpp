@@ -123,7 +123,7 @@ TEST(AttentionBackend, Bf16ModuleTrainsWithoutTheMathKernel) {
   }
   EXPECT_EQ(out.scalar_type(), at::kBFloat16);
   EXPECT_NO_THROW(out.to(at::kFloat).square().mean().backward());
-  EXPECT_TRUE(attention->wq->weight.grad().defined());
+  EXPECT_TRUE(attention->wqkv->weight.grad().defined());
 }
 
 }  // namespace

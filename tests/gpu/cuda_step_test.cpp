@@ -102,7 +102,7 @@ TEST(CudaStep, AMuonStepInBf16IsTheCpusFp32StepToBf16Precision) {
     matrix.mutable_grad() = grad.clone().to(device);
     const at::Tensor momentum = at::zeros_like(matrix);
     MuonUpdate update({});
-    update.add(matrix, momentum);
+    update.add(matrix, momentum, {96});
     update.step(0.02, at::zeros({}, at::TensorOptions().device(device)));
     stepped.push_back(matrix.detach().cpu());
   }

@@ -164,7 +164,7 @@ TEST(MltrainCli, TensorBoardScalarsAreTheMetrics) {
 TEST(MltrainCli, DryRunReportsTheModelAndExitsZero) {
   const CommandResult run = mltrain(kBase + " --dry-run --set train.device=cpu");
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_CONTAINS(run.output, "layers.*.attn.wq");
+  EXPECT_CONTAINS(run.output, "layers.*.attn.wqkv");
   EXPECT_CONTAINS(run.output, "35,926,528");
   EXPECT_CONTAINS(run.output, "training FLOPs per token: 291.06 MFLOP");
   // base.yaml asks for bf16, which is taken as asked on any CPU (with a warning where it is slow).
@@ -321,7 +321,7 @@ TEST(MltrainCli, DryRunPlansForGpusThisMachineNeedNotHave) {
   EXPECT_CONTAINS(plan.output, "of 4.00 GB per rank: does NOT fit");
   EXPECT_CONTAINS(plan.output, "planned for 8 GPUs of 4 GB, nothing was built");
   EXPECT_CONTAINS(plan.output,
-                  "dry run: the memory plan needs 7.88 GB per rank but a rank has 4.00 GB: it "
+                  "dry run: the memory plan needs 7.28 GB per rank but a rank has 4.00 GB: it "
                   "would fit with train.activation_checkpointing=true");
   EXPECT_CONTAINS(plan.output, "a run of this config would stop here");
 

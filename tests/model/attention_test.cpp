@@ -15,22 +15,25 @@ namespace {
 
 using testing::tiny_config;
 
-// Attention written out: repeat each key/value head for its group of query heads, then
-// softmax(q k^T / sqrt(d) + causal mask) v.
+// Attention written out: separate q, k and v products (the rows of wqkv in that order), each
+// key/value head repeated for its group of query heads, then softmax(q k^T / sqrt(d) + causal mask)
+// v.
 at::Tensor repeat_kv_attention(AttentionImpl& attention, const ModelConfig& config,
                                const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
   const int64_t group = config.n_q_heads / config.n_kv_heads;
-  const auto heads = [&](torch::nn::Linear& projection, int64_t n) {
-    return projection(x).view({b, t, n, config.head_dim});
+  const int64_t q_rows = config.n_q_heads * config.head_dim;
+  const int64_t kv_rows = config.n_kv_heads * config.head_dim;
+  const auto heads = [&](int64_t first_row, int64_t n) {
+    const at::Tensor weight = attention.wqkv->weight.narrow(0, first_row, n * config.head_dim);
+    return at::linear(x, weight).view({b, t, n, config.head_dim});
   };
-  const at::Tensor q =
-      apply_rotary(heads(attention.wq, config.n_q_heads), cos, sin).transpose(1, 2);
-  const at::Tensor k = apply_rotary(heads(attention.wk, config.n_kv_heads), cos, sin)
+  const at::Tensor q = apply_rotary(heads(0, config.n_q_heads), cos, sin).transpose(1, 2);
+  const at::Tensor k = apply_rotary(heads(q_rows, config.n_kv_heads), cos, sin)
                            .transpose(1, 2)
                            .repeat_interleave(group, 1);
   const at::Tensor v =
-      heads(attention.wv, config.n_kv_heads).transpose(1, 2).repeat_interleave(group, 1);
+      heads(q_rows + kv_rows, config.n_kv_heads).transpose(1, 2).repeat_interleave(group, 1);
   const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
   const at::Tensor scores = (q.matmul(k.transpose(-1, -2)) / std::sqrt(double(config.head_dim)))
                                 .masked_fill(future, -INFINITY);

@@ -225,19 +225,47 @@ TEST_F(FusedKernelRotary, TakesAStridedInput) {
             kFp32Tolerance);
 }
 
+// The attention rotates its queries and keys, and copies its values, in one pass: heads
+// [0, rotated_heads) rotate as apply_rotary rotates them, and the rest, with their gradients, pass
+// through bit for bit.
+TEST_F(FusedKernelRotary, RotatesTheLeadingHeadsAndCopiesTheRest) {
+  at::manual_seed(204);
+  const RotaryCase t = rotary_tables();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const std::vector<at::Tensor> inputs = {at::randn({2, 5, 5, 74}).to(dtype)};
+    const at::Tensor upstream = at::randn({2, 5, 5, 74}).to(dtype);
+    const ForwardBackward fused = run_with_grad(
+        [&](const auto& in) { return fused_rotary(in[0], t.cos, t.sin, 3); }, inputs, upstream);
+    expect_close(
+        fused,
+        run_with_grad([&](const auto& in) { return rotate_leading_heads(in[0], t.cos, t.sin, 3); },
+                      inputs, upstream),
+        dtype == at::kFloat ? kFp32Tolerance : kBf16Tolerance);
+    EXPECT_LE(relative_error(fused.output.narrow(2, 0, 3),
+                             fused_rotary(inputs[0].narrow(2, 0, 3), t.cos, t.sin)),
+              kFp32Tolerance);
+    EXPECT_TRUE(at::equal(fused.output.narrow(2, 3, 2), inputs[0].narrow(2, 3, 2)));
+    EXPECT_TRUE(at::equal(fused.grads[0].narrow(2, 3, 2), upstream.narrow(2, 3, 2)));
+  }
+  // The composition, against apply_rotary of the leading heads alone.
+  const at::Tensor x = at::randn({2, 5, 5, 74});
+  const at::Tensor composed = rotate_leading_heads(x, t.cos, t.sin, 3);
+  EXPECT_TRUE(at::equal(composed.narrow(2, 0, 3), apply_rotary(x.narrow(2, 0, 3), t.cos, t.sin)));
+  EXPECT_TRUE(at::equal(composed.narrow(2, 3, 2), x.narrow(2, 3, 2)));
+}
+
 // ---- SwiGLU ----
 
-const auto fused_ffn_glue = [](const std::vector<at::Tensor>& in) {
-  return fused_swiglu(in[0], in[1]);
-};
+const auto fused_ffn_glue = [](const std::vector<at::Tensor>& in) { return fused_swiglu(in[0]); };
 const auto composed_ffn_glue = [](const std::vector<at::Tensor>& in) {
-  return swiglu_composition(in[0], in[1]);
+  return swiglu_composition(in[0]);
 };
 
-// 3 * 5 * 37 = 555 values, not a multiple of 8. A gate scale of 5 reaches +-20, where the sigmoid
-// saturates; of 1.5, where it does not, so that each rounding shows in the result.
+// gate and up of 3 * 5 rows of 37 values, side by side in one [3, 5, 74] tensor: rows of an odd
+// width, so that each row ends in a partial vector. A gate scale of 5 reaches +-20, where the
+// sigmoid saturates; of 1.5, where it does not, so that each rounding shows in the result.
 std::vector<at::Tensor> swiglu_inputs(at::ScalarType dtype, double gate_scale) {
-  return {(at::randn({3, 5, 37}) * gate_scale).to(dtype), at::randn({3, 5, 37}).to(dtype)};
+  return {at::cat({at::randn({3, 5, 37}) * gate_scale, at::randn({3, 5, 37})}, -1).to(dtype)};
 }
 
 TEST_F(FusedKernelSwiGLU, MatchesTheCompositionInFp32) {
@@ -258,13 +286,12 @@ TEST_F(FusedKernelSwiGLU, MatchesTheCompositionInBf16) {
       run_with_grad(composed_ffn_glue, to_float(inputs), upstream.to(at::kBFloat16));
   EXPECT_LE(relative_error(fused.output, exact.output), kOneBf16Rounding);
   EXPECT_LE(relative_error(fused.grads[0], exact.grads[0]), kOneBf16Rounding);
-  EXPECT_LE(relative_error(fused.grads[1], exact.grads[1]), kOneBf16Rounding);
 }
 
-// Elements split across threads at any boundary give the same values as on one thread.
+// Rows split across threads at any boundary give the same values as on one thread.
 TEST_F(FusedKernelSwiGLU, IsTheSameOnAnyNumberOfThreads) {
   at::manual_seed(302);
-  const std::vector<at::Tensor> inputs = {at::randn({1000, 301}), at::randn({1000, 301})};
+  const std::vector<at::Tensor> inputs = {at::randn({1000, 602})};
   const at::Tensor upstream = at::randn({1000, 301});
   const int threads_before = at::get_num_threads();
   at::set_num_threads(1);
@@ -274,7 +301,6 @@ TEST_F(FusedKernelSwiGLU, IsTheSameOnAnyNumberOfThreads) {
   at::set_num_threads(threads_before);
   EXPECT_TRUE(at::equal(one.output, three.output));
   EXPECT_TRUE(at::equal(one.grads[0], three.grads[0]));
-  EXPECT_TRUE(at::equal(one.grads[1], three.grads[1]));
 }
 
 // ---- all three ----
@@ -285,11 +311,11 @@ TEST_F(FusedKernel, RecordsAGraphOnlyWhenAGradientIsWanted) {
   const at::Tensor w = at::ones({74}).requires_grad_();
   EXPECT_TRUE(fused_rms_norm(x, w, 1e-6).requires_grad());
   EXPECT_TRUE(fused_rotary(x, t.cos, t.sin).requires_grad());
-  EXPECT_TRUE(fused_swiglu(x, x).requires_grad());
+  EXPECT_TRUE(fused_swiglu(x).requires_grad());
   at::NoGradGuard no_grad;
   EXPECT_EQ(node_name(fused_rms_norm(x, w, 1e-6)), "(no grad_fn)");
   EXPECT_EQ(node_name(fused_rotary(x, t.cos, t.sin)), "(no grad_fn)");
-  EXPECT_EQ(node_name(fused_swiglu(x, x)), "(no grad_fn)");
+  EXPECT_EQ(node_name(fused_swiglu(x)), "(no grad_fn)");
 }
 
 TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
@@ -307,9 +333,10 @@ TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
   EXPECT_THROW(fused_rotary(x.narrow(3, 0, 73), t.cos.narrow(1, 0, 73), t.sin.narrow(1, 0, 73)),
                c10::Error);
   EXPECT_THROW(fused_rotary(x, t.cos.clone().requires_grad_(), t.sin), c10::Error);
-  EXPECT_THROW(fused_swiglu(x, x.narrow(3, 0, 73)), c10::Error);
-  EXPECT_THROW(fused_swiglu(x, x.to(at::kBFloat16)), c10::Error);
-  EXPECT_THROW(fused_swiglu(x.to(at::kDouble), x.to(at::kDouble)), c10::Error);
+  EXPECT_THROW(fused_rotary(x, t.cos, t.sin, 4), c10::Error);
+  EXPECT_THROW(fused_rotary(x, t.cos, t.sin, -1), c10::Error);
+  EXPECT_THROW(fused_swiglu(x.narrow(3, 0, 73)), c10::Error);
+  EXPECT_THROW(fused_swiglu(x.to(at::kDouble)), c10::Error);
 }
 
 // Layers built with the fused CPU kernels run them, and the composition for dtypes the kernels do
@@ -322,25 +349,24 @@ TEST_F(FusedKernelLayers, LayersRunTheKernelsTheyAreBuiltWith) {
   const RotaryCase t = rotary_tables();
   const at::Tensor x = at::randn({2, 5, 37}).requires_grad_();
   const at::Tensor heads = at::randn({2, 5, 3, 74}).requires_grad_();
-  const at::Tensor gate = at::randn({2, 5, 53}).requires_grad_();
-  const at::Tensor up = at::randn({2, 5, 53});
+  const at::Tensor gate_up = at::randn({2, 5, 106}).requires_grad_();
 
   EXPECT_NE(node_name(norm(x)).find("RMSNormFunction"), std::string::npos) << node_name(norm(x));
-  EXPECT_NE(node_name(rotate_heads(heads, t.cos, t.sin, Kernels::fused_cpu)).find("RotaryFunction"),
-            std::string::npos);
-  EXPECT_NE(node_name(swiglu(gate, up, Kernels::fused_cpu)).find("SwiGLUFunction"),
+  EXPECT_NE(
+      node_name(rotate_heads(heads, t.cos, t.sin, Kernels::fused_cpu, 2)).find("RotaryFunction"),
+      std::string::npos);
+  EXPECT_NE(node_name(swiglu(gate_up, Kernels::fused_cpu)).find("SwiGLUFunction"),
             std::string::npos);
   EXPECT_EQ(node_name(norm(x.to(at::kDouble))).find("RMSNormFunction"), std::string::npos);
 
   EXPECT_TRUE(at::equal(aten_norm(x), rms_norm_composition(x, aten_norm->weight, 1e-6)));
   EXPECT_EQ(node_name(aten_norm(x)), node_name(rms_norm_composition(x, aten_norm->weight, 1e-6)));
-  const at::Tensor rotated = rotate_heads(heads, t.cos, t.sin, Kernels::aten);
-  EXPECT_TRUE(at::equal(rotated, apply_rotary(heads, t.cos, t.sin)));
-  EXPECT_EQ(node_name(rotated), node_name(apply_rotary(heads, t.cos, t.sin)));
-  EXPECT_TRUE(at::equal(swiglu(gate, up, Kernels::aten), swiglu_composition(gate, up)));
-  EXPECT_EQ(node_name(swiglu(gate, up, Kernels::aten)), node_name(swiglu_composition(gate, up)));
-  EXPECT_TRUE(at::equal(
-      aten_ffn(x), aten_ffn->w_down(swiglu_composition(aten_ffn->w_gate(x), aten_ffn->w_up(x)))));
+  const at::Tensor rotated = rotate_heads(heads, t.cos, t.sin, Kernels::aten, 2);
+  EXPECT_TRUE(at::equal(rotated, rotate_leading_heads(heads, t.cos, t.sin, 2)));
+  EXPECT_EQ(node_name(rotated), node_name(rotate_leading_heads(heads, t.cos, t.sin, 2)));
+  EXPECT_TRUE(at::equal(swiglu(gate_up, Kernels::aten), swiglu_composition(gate_up)));
+  EXPECT_EQ(node_name(swiglu(gate_up, Kernels::aten)), node_name(swiglu_composition(gate_up)));
+  EXPECT_TRUE(at::equal(aten_ffn(x), aten_ffn->w_down(swiglu_composition(aten_ffn->w_gate_up(x)))));
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ TEST(Llama, TiedEmbeddingIsOneTensorListedOnce) {
   for (const at::Tensor& parameter : model->parameters()) {
     EXPECT_TRUE(storages.insert(parameter.data_ptr()).second) << "a tensor is listed twice";
   }
-  EXPECT_EQ(model->parameters().size(), 1 + 9 * 2 + 1u);
+  EXPECT_EQ(model->parameters().size(), 1 + 6 * 2 + 1u);  // q, k, v fused; gate, up fused
   EXPECT_EQ(model->num_parameters(), count_by_formula(testing::tiny_config()));
 }
 
@@ -56,11 +56,11 @@ TEST(Llama, InitialisationFollowsTheStatedScheme) {
   const double residual = std / std::sqrt(2.0 * 12);
   const auto std_of = [](const at::Tensor& t) { return t.std().item<double>(); };
   EXPECT_NEAR(std_of(model->token_embeddings->weight), std, 0.02 * std);
-  EXPECT_NEAR(std_of(model->layers[3]->attn->wq->weight), std, 0.02 * std);
-  EXPECT_NEAR(std_of(model->layers[3]->ffn->w_up->weight), std, 0.02 * std);
+  EXPECT_NEAR(std_of(model->layers[3]->attn->wqkv->weight), std, 0.02 * std);
+  EXPECT_NEAR(std_of(model->layers[3]->ffn->w_gate_up->weight), std, 0.02 * std);
   EXPECT_NEAR(std_of(model->layers[3]->attn->wo->weight), residual, 0.02 * residual);
   EXPECT_NEAR(std_of(model->layers[11]->ffn->w_down->weight), residual, 0.02 * residual);
-  EXPECT_NEAR(model->layers[0]->attn->wk->weight.mean().item<double>(), 0.0, 1e-3);
+  EXPECT_NEAR(model->layers[0]->attn->wqkv->weight.mean().item<double>(), 0.0, 1e-3);
   EXPECT_TRUE(at::equal(model->layers[5]->ffn_norm->weight, at::ones({512})));
   EXPECT_TRUE(at::equal(model->norm->weight, at::ones({512})));
 }
@@ -70,7 +70,8 @@ TEST(Llama, SameSeedSameWeights) {
   Llama first(testing::tiny_config(), Kernels::fused_cpu);
   at::manual_seed(9);
   Llama second(testing::tiny_config(), Kernels::fused_cpu);
-  EXPECT_TRUE(at::equal(first->layers[1]->attn->wv->weight, second->layers[1]->attn->wv->weight));
+  EXPECT_TRUE(
+      at::equal(first->layers[1]->attn->wqkv->weight, second->layers[1]->attn->wqkv->weight));
 }
 
 TEST(Llama, ForwardGivesLogitsPerPosition) {

@@ -70,12 +70,17 @@ void expect_parity_with_reference(const ModelConfig& config, Kernels kernels,
     EXPECT_LE(relative_error(reference.at("logits"), reference.at("logits_alone")), 1e-5);
     ++outputs;
   }
+  // Every Hugging Face tensor's gradient: each projection's rows of a fused parameter's.
   size_t compared = 0;
-  for (const auto& item : model->named_parameters()) {
-    const std::string name = hf_parameter_name(item.key());
-    ASSERT_TRUE(item.value().grad().defined()) << name;
-    EXPECT_LE(relative_error(item.value().grad(), reference.at("grad." + name)), 1e-5) << name;
-    ++compared;
+  for (const NamedParameter& parameter : hf_parameters(model)) {
+    ASSERT_TRUE(parameter.tensor.grad().defined()) << parameter.name;
+    for (const ParameterPart& part : parameter.parts) {
+      EXPECT_LE(
+          relative_error(part_of(parameter.tensor.grad(), part), reference.at("grad." + part.name)),
+          1e-5)
+          << part.name;
+      ++compared;
+    }
   }
   EXPECT_EQ(compared, reference.size() - outputs);
 }

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/error.h"
 #include "model/hf_state_dict.h"
@@ -158,29 +162,75 @@ TEST(Safetensors, ShapesAndOffsetsThatCannotBeCountedAreClearErrors) {
   EXPECT_CONTAINS(load_error(path), "tensor 'w': its entry must be a JSON object");
 }
 
+// Each parameter under the Hugging Face name of what it holds; its parts as (name, first row,
+// rows).
+using PartRows = std::vector<std::tuple<std::string, int64_t, int64_t>>;
+std::map<std::string, PartRows> parts_by_parameter(const Llama& model) {
+  std::map<std::string, PartRows> named;
+  for (const NamedParameter& parameter : hf_parameters(model)) {
+    for (const ParameterPart& part : parameter.parts)
+      named[parameter.name].emplace_back(part.name, part.first_row, part.rows);
+  }
+  return named;
+}
+
 TEST(HfStateDict, NamesAreHuggingFaceLlamaNames) {
-  EXPECT_EQ(hf_parameter_name("token_embeddings.weight"), "model.embed_tokens.weight");
-  EXPECT_EQ(hf_parameter_name("layers.0.attn_norm.weight"),
-            "model.layers.0.input_layernorm.weight");
-  EXPECT_EQ(hf_parameter_name("layers.10.attn.wq.weight"),
-            "model.layers.10.self_attn.q_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.1.attn.wk.weight"), "model.layers.1.self_attn.k_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.1.attn.wv.weight"), "model.layers.1.self_attn.v_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.1.attn.wo.weight"), "model.layers.1.self_attn.o_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.2.ffn_norm.weight"),
-            "model.layers.2.post_attention_layernorm.weight");
-  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_gate.weight"), "model.layers.2.mlp.gate_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_up.weight"), "model.layers.2.mlp.up_proj.weight");
-  EXPECT_EQ(hf_parameter_name("layers.2.ffn.w_down.weight"), "model.layers.2.mlp.down_proj.weight");
-  EXPECT_EQ(hf_parameter_name("norm.weight"), "model.norm.weight");
-  EXPECT_EQ(hf_parameter_name("lm_head.weight"), "lm_head.weight");
+  // tiny_config: d_model 64, 4 query heads and 2 key/value heads of 16, d_ffn 96, 2 layers.
+  const Llama model(testing::tiny_config(), Kernels::fused_cpu);
+  const std::map<std::string, PartRows> named = parts_by_parameter(model);
+  const auto whole = [](const std::string& name, int64_t rows) {
+    return PartRows{{name, 0, rows}};
+  };
+  EXPECT_EQ(named.at("model.embed_tokens.weight"), whole("model.embed_tokens.weight", 97));
+  EXPECT_EQ(named.at("model.norm.weight"), whole("model.norm.weight", 64));
+  EXPECT_FALSE(named.contains("lm_head.weight"));
+  for (const std::string layer : {"model.layers.0.", "model.layers.1."}) {
+    for (const std::string name : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+      EXPECT_EQ(named.at(layer + name), whole(layer + name, 64));
+    EXPECT_EQ(named.at(layer + "self_attn.o_proj.weight"),
+              whole(layer + "self_attn.o_proj.weight", 64));
+    EXPECT_EQ(named.at(layer + "mlp.down_proj.weight"), whole(layer + "mlp.down_proj.weight", 64));
+    // Fused: q (4 x 16 rows), k and v (2 x 16 each); gate and up (96 each).
+    EXPECT_EQ(named.at(layer + "self_attn.qkv_proj.weight"),
+              (PartRows{{layer + "self_attn.q_proj.weight", 0, 64},
+                        {layer + "self_attn.k_proj.weight", 64, 32},
+                        {layer + "self_attn.v_proj.weight", 96, 32}}));
+    EXPECT_EQ(named.at(layer + "mlp.gate_up_proj.weight"),
+              (PartRows{{layer + "mlp.gate_proj.weight", 0, 96},
+                        {layer + "mlp.up_proj.weight", 96, 96}}));
+  }
+  EXPECT_EQ(named.size(), 2 + 6 * 2u);
+
+  ModelConfig untied = testing::tiny_config();
+  untied.tie_word_embeddings = false;
+  EXPECT_EQ(parts_by_parameter(Llama(untied, Kernels::fused_cpu)).at("lm_head.weight"),
+            whole("lm_head.weight", 97));
+}
+
+// A Hugging Face projection's weight is the rows of the fused parameter that its part names,
+// shared: what is loaded under its name lands in those rows, and the model computes with it.
+TEST(HfStateDict, ProjectionsAreRowsOfTheFusedWeights) {
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
+  NamedTensors state = hf_state_dict(model);
+  for (auto& [name, tensor] : state) tensor = at::randn_like(tensor);
+  load_hf_state_dict(model, state, "weights.safetensors");
+  const at::Tensor& qkv = model->layers[1]->attn->wqkv->weight;
+  EXPECT_TRUE(at::equal(qkv.narrow(0, 0, 64), state.at("model.layers.1.self_attn.q_proj.weight")));
+  EXPECT_TRUE(at::equal(qkv.narrow(0, 64, 32), state.at("model.layers.1.self_attn.k_proj.weight")));
+  EXPECT_TRUE(at::equal(qkv.narrow(0, 96, 32), state.at("model.layers.1.self_attn.v_proj.weight")));
+  const at::Tensor& gate_up = model->layers[0]->ffn->w_gate_up->weight;
+  EXPECT_TRUE(at::equal(gate_up.narrow(0, 0, 96), state.at("model.layers.0.mlp.gate_proj.weight")));
+  EXPECT_TRUE(at::equal(gate_up.narrow(0, 96, 96), state.at("model.layers.0.mlp.up_proj.weight")));
+  // The state dict's tensors are views into the parameters, not copies.
+  EXPECT_EQ(hf_state_dict(model).at("model.layers.1.self_attn.k_proj.weight").data_ptr(),
+            qkv.narrow(0, 64, 32).data_ptr());
 }
 
 TEST(HfStateDict, TiedModelOmitsLmHead) {
   Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const NamedTensors state = hf_state_dict(model);
   EXPECT_FALSE(state.contains("lm_head.weight"));
-  EXPECT_EQ(state.size(), 2 + 9 * 2u);
+  EXPECT_EQ(state.size(), 2 + 9 * 2u);  // 9 Hugging Face tensors in each of 2 blocks
 }
 
 TEST(HfStateDict, ModelWeightsRoundTrip) {
@@ -190,8 +240,8 @@ TEST(HfStateDict, ModelWeightsRoundTrip) {
   save_model_weights(saved, dir / "model.safetensors");
   at::manual_seed(2);
   Llama loaded(testing::tiny_config(), Kernels::fused_cpu);
-  ASSERT_FALSE(
-      at::equal(loaded->layers[1]->ffn->w_up->weight, saved->layers[1]->ffn->w_up->weight));
+  ASSERT_FALSE(at::equal(loaded->layers[1]->ffn->w_gate_up->weight,
+                         saved->layers[1]->ffn->w_gate_up->weight));
   load_model_weights(loaded, dir / "model.safetensors");
   for (const auto& [name, tensor] : hf_state_dict(saved)) {
     EXPECT_TRUE(at::equal(hf_state_dict(loaded).at(name), tensor)) << name;
@@ -234,11 +284,11 @@ TEST(HfStateDict, MismatchesNameEveryOffendingKey) {
 TEST(HfStateDict, FailedLoadLeavesTheModelUnchanged) {
   at::manual_seed(3);
   Llama model(testing::tiny_config(), Kernels::fused_cpu);
-  const at::Tensor before = model->layers[0]->attn->wq->weight.clone();
+  const at::Tensor before = model->layers[0]->attn->wqkv->weight.clone();
   NamedTensors state = hf_state_dict(Llama(testing::tiny_config(), Kernels::fused_cpu));
   state.erase("model.norm.weight");
   EXPECT_THROW(load_hf_state_dict(model, state, "x"), UserError);
-  EXPECT_TRUE(at::equal(model->layers[0]->attn->wq->weight, before));
+  EXPECT_TRUE(at::equal(model->layers[0]->attn->wqkv->weight, before));
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "model/safetensors.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/muon.h"
@@ -55,11 +57,46 @@ TEST(Muon, NewtonSchulzAndOneStepMatchThePythonReference) {
     const at::Tensor stepped = matrix_with_grad(weight, grad);
     const at::Tensor stepped_momentum = momentum.clone();
     MuonUpdate update(options);
-    update.add(stepped, stepped_momentum);
+    update.add(stepped, stepped_momentum, {rows});
     update.step(lr, at::zeros({}));
     EXPECT_LE(relative_error(stepped.detach(), reference.at("weight")), kTolerance) << shape;
     EXPECT_LE(relative_error(stepped_momentum, reference.at("momentum")), kTolerance) << shape;
   }
+}
+
+// A fused projection stacks matrices row after row (q, k and v): each takes the step it would take
+// alone, orthogonalised and scaled by its own shape, not the stack's.
+TEST(Muon, StackedMatricesEachStepAsAlone) {
+  at::manual_seed(6);
+  const std::vector<int64_t> rows = {48, 16, 16};
+  const at::Tensor weight = at::randn({80, 40}) * 0.05;
+  const at::Tensor grad = at::randn({80, 40}) * 0.01;
+  const at::Tensor momentum = at::randn({80, 40}) * 0.01;
+  const at::Tensor stacked = matrix_with_grad(weight, grad);
+  const at::Tensor stacked_momentum = momentum.clone();
+  MuonUpdate together({});
+  together.add(stacked, stacked_momentum, rows);
+  together.step(0.02, at::zeros({}));
+
+  int64_t first_row = 0;
+  for (const int64_t matrix_rows : rows) {
+    const auto part = [&](const at::Tensor& t) { return t.narrow(0, first_row, matrix_rows); };
+    const at::Tensor alone = matrix_with_grad(part(weight), part(grad));
+    const at::Tensor alone_momentum = part(momentum).clone();
+    MuonUpdate update({});
+    update.add(alone, alone_momentum, {matrix_rows});
+    update.step(0.02, at::zeros({}));
+    EXPECT_LE(relative_error(part(stacked.detach()), alone.detach()), 1e-6) << first_row;
+    EXPECT_LE(relative_error(part(stacked_momentum), alone_momentum), 1e-6) << first_row;
+    first_row += matrix_rows;
+  }
+  // The stack orthogonalised whole would give another update.
+  const at::Tensor whole = matrix_with_grad(weight, grad);
+  const at::Tensor whole_momentum = momentum.clone();
+  MuonUpdate as_one({});
+  as_one.add(whole, whole_momentum, {80});
+  as_one.step(0.02, at::zeros({}));
+  EXPECT_GT(relative_error(whole.detach() - weight, stacked.detach() - weight), 0.1);
 }
 
 // What the iteration is for: every singular value of its result is near 1 (the quintic's
@@ -88,7 +125,7 @@ TEST(Muon, ASkippedStepChangesNeitherTheWeightNorTheMomentum) {
       const at::Tensor stepped = matrix_with_grad(weight, grad);
       const at::Tensor stepped_momentum = momentum.clone();
       MuonUpdate update({});
-      update.add(stepped, stepped_momentum);
+      update.add(stepped, stepped_momentum, {16});
       update.step(0.02, at::full({}, skip));
       const bool finite = at::isfinite(grad).all().item<bool>();
       if (skip == 1.0) {

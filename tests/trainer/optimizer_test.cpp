@@ -41,7 +41,8 @@ TEST(AdamW, FusedKernelMatchesTheClosedFormAndDecaysOnlyMatrices) {
   const at::Tensor matrix = at::randn({6, 5}).requires_grad_(true);
   const at::Tensor vector = at::randn({5}).requires_grad_(true);
   const AdamWOptions options{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  AdamW optimizer({{"matrix", matrix}, {"vector", vector}}, options);
+  AdamW optimizer({unfused_parameter("matrix", matrix), unfused_parameter("vector", vector)},
+                  options);
   ClosedFormAdamW matrix_ref{matrix.detach().to(at::kDouble), at::zeros({6, 5}, at::kDouble),
                              at::zeros({6, 5}, at::kDouble)};
   ClosedFormAdamW vector_ref{vector.detach().to(at::kDouble), at::zeros({5}, at::kDouble),
@@ -62,7 +63,7 @@ TEST(AdamW, FusedKernelMatchesTheClosedFormAndDecaysOnlyMatrices) {
 TEST(AdamW, ASkippedStepChangesNothing) {
   at::manual_seed(2);
   const at::Tensor matrix = at::randn({4, 3}).requires_grad_(true);
-  AdamW optimizer({{"matrix", matrix}}, AdamWOptions{});
+  AdamW optimizer({unfused_parameter("matrix", matrix)}, AdamWOptions{});
   matrix.mutable_grad() = at::randn({4, 3});
   optimizer.step(1e-2, /*skip=*/at::zeros({}));
   const at::Tensor weights = matrix.detach().clone();
@@ -77,14 +78,47 @@ TEST(AdamW, ASkippedStepChangesNothing) {
   EXPECT_EQ(optimizer.state().at("matrix.step").item<double>(), 1.0);
 }
 
+// A parameter that holds two named matrices (a fused projection) keeps its state under their names,
+// as two parameters would: the same entries, of the same values, and each loads the other's state.
+TEST(AdamW, AFusedParameterKeepsItsStateByPart) {
+  at::manual_seed(3);
+  const at::Tensor fused = at::randn({6, 5}).requires_grad_(true);
+  const at::Tensor top = fused.detach().narrow(0, 0, 4).clone().requires_grad_(true);
+  const at::Tensor bottom = fused.detach().narrow(0, 4, 2).clone().requires_grad_(true);
+  const NamedParameter stacked{.name = "stacked",
+                               .tensor = fused,
+                               .parts = {{.name = "top", .first_row = 0, .rows = 4},
+                                         {.name = "bottom", .first_row = 4, .rows = 2}}};
+  AdamW together({stacked}, AdamWOptions{});
+  AdamW apart({unfused_parameter("top", top), unfused_parameter("bottom", bottom)}, AdamWOptions{});
+  for (int step = 0; step < 3; ++step) {
+    fused.mutable_grad() = at::randn({6, 5});
+    top.mutable_grad() = fused.grad().narrow(0, 0, 4).clone();
+    bottom.mutable_grad() = fused.grad().narrow(0, 4, 2).clone();
+    together.step(1e-2, at::zeros({}));
+    apart.step(1e-2, at::zeros({}));
+  }
+  const OptimizerState by_part = together.state();
+  const OptimizerState by_parameter = apart.state();
+  ASSERT_EQ(by_part.size(), by_parameter.size());
+  for (const auto& [name, tensor] : by_parameter)
+    EXPECT_TRUE(at::allclose(by_part.at(name), tensor, 0.0, 1e-7)) << name;
+
+  AdamW loaded({NamedParameter{stacked.name, at::zeros({6, 5}), stacked.parts}}, AdamWOptions{});
+  loaded.load_state(by_parameter, "optimizer.safetensors");
+  for (const auto& [name, tensor] : loaded.state())
+    EXPECT_TRUE(at::equal(tensor, by_parameter.at(name))) << name;
+}
+
 // An update before the gradients are averaged would step each rank on its own gradients.
 TEST(ReplicatedAdamW, UpdatesOnlyAfterTheGradientsAreReduced) {
   const World world;
   const auto communicator = make_communicator(world);
   const std::vector<at::Tensor> parameters{at::zeros({3}).requires_grad_(true),
                                            at::zeros({4}).requires_grad_(true)};
-  ReplicatedAdamW optimizer({{"a", parameters[0]}, {"b", parameters[1]}}, *communicator,
-                            DataParallelOptions{});
+  ReplicatedAdamW optimizer(
+      {unfused_parameter("a", parameters[0]), unfused_parameter("b", parameters[1])}, *communicator,
+      DataParallelOptions{});
   EXPECT_THROW(optimizer.update(1e-2, at::zeros({})), std::logic_error);
   optimizer.reduce_gradients();
   EXPECT_THROW(optimizer.reduce_gradients(), std::logic_error);
@@ -160,8 +194,8 @@ TEST(GradientAccumulation, FourMicroBatchesOfTwoEqualOneBatchOfEight) {
         1e-6)
         << item.key();
   }
-  AdamW first(hf_named_parameters(accumulated), {});
-  AdamW second(hf_named_parameters(whole), {});
+  AdamW first(hf_parameters(accumulated), {});
+  AdamW second(hf_parameters(whole), {});
   first.step(1e-3, /*skip=*/at::zeros({}));
   second.step(1e-3, /*skip=*/at::zeros({}));
   // AdamW's first step moves each weight by about lr * sign(gradient): where a gradient is near

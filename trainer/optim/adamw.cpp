@@ -52,11 +52,11 @@ void AdamWUpdate::step(double lr, const at::Tensor& skip) {
 
 AdamW::AdamW(const NamedParameters& parameters, AdamWOptions options)
     : update_(options,
-              parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().second.device()) {
-  for (const auto& [name, parameter] : parameters) {
-    Entry entry{name, parameter, at::zeros_like(parameter, at::MemoryFormat::Preserve),
-                at::zeros_like(parameter, at::MemoryFormat::Preserve)};
-    update_.add(parameter, entry.exp_avg, entry.exp_avg_sq, decays(parameter));
+              parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().tensor.device()) {
+  for (const NamedParameter& parameter : parameters) {
+    Entry entry{parameter, at::zeros_like(parameter.tensor, at::MemoryFormat::Preserve),
+                at::zeros_like(parameter.tensor, at::MemoryFormat::Preserve)};
+    update_.add(parameter.tensor, entry.exp_avg, entry.exp_avg_sq, decays(parameter.tensor));
     entries_.push_back(std::move(entry));
   }
 }
@@ -67,7 +67,7 @@ void AdamW::step(double lr, const at::Tensor& skip) {
   for (const bool decay : {true, false}) {
     std::vector<at::Tensor> parameters;
     for (const Entry& entry : entries_) {
-      if (decays(entry.parameter) == decay) parameters.push_back(entry.parameter);
+      if (decays(entry.parameter.tensor) == decay) parameters.push_back(entry.parameter.tensor);
     }
     update_.set_grads(decay, grads_of(parameters));
   }
@@ -77,9 +77,10 @@ void AdamW::step(double lr, const at::Tensor& skip) {
 OptimizerState AdamW::state() const {
   OptimizerState state;
   for (const Entry& entry : entries_) {
-    state.emplace(entry.name + ".exp_avg", entry.exp_avg);
-    state.emplace(entry.name + ".exp_avg_sq", entry.exp_avg_sq);
-    state.emplace(entry.name + ".step", update_.step_count());
+    add_by_part(state, entry.parameter, entry.exp_avg, ".exp_avg");
+    add_by_part(state, entry.parameter, entry.exp_avg_sq, ".exp_avg_sq");
+    for (const ParameterPart& part : entry.parameter.parts)
+      state.emplace(part.name + ".step", update_.step_count());
   }
   return state;
 }
@@ -99,7 +100,7 @@ int64_t AdamW::state_bytes() const {
 std::vector<at::Tensor> tensors_of(const NamedParameters& parameters) {
   std::vector<at::Tensor> tensors;
   tensors.reserve(parameters.size());
-  for (const auto& [name, parameter] : parameters) tensors.push_back(parameter);
+  for (const NamedParameter& parameter : parameters) tensors.push_back(parameter.tensor);
   return tensors;
 }
 
@@ -111,6 +112,22 @@ const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& na
                                 found == saved.end() ? "missing" : "of another shape"));
   }
   return found->second;
+}
+
+void add_by_part(OptimizerState& state, const NamedParameter& parameter, const at::Tensor& tensor,
+                 std::string_view suffix) {
+  for (const ParameterPart& part : parameter.parts)
+    state.emplace(part.name + std::string(suffix), part_of(tensor, part));
+}
+
+at::Tensor saved_by_part(const OptimizerState& saved, const NamedParameter& parameter,
+                         std::string_view suffix, const std::string& source) {
+  std::vector<at::Tensor> parts;
+  for (const ParameterPart& part : parameter.parts) {
+    parts.push_back(saved_entry(saved, part.name + std::string(suffix),
+                                part_of(parameter.tensor, part).sizes(), source));
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts);
 }
 
 }  // namespace mltrain

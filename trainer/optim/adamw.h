@@ -5,8 +5,10 @@
 
 #include <map>
 #include <string>
-#include <utility>
+#include <string_view>
 #include <vector>
+
+#include "model/named_parameter.h"
 
 namespace mltrain {
 
@@ -17,8 +19,9 @@ struct AdamWOptions {
   double weight_decay = 0.1;
 };
 
-using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
-// Tensors by name, in the order of the names: what a .safetensors file holds.
+// Tensors by name, in the order of the names: what a .safetensors file holds. An optimizer names
+// the state of a parameter by its parts (model/named_parameter.h), "<part name>.exp_avg", so that
+// a fused projection's state is saved and loaded as that of the projections it holds.
 using OptimizerState = std::map<std::string, at::Tensor>;
 
 // AdamW (Loshchilov & Hutter) with bias correction and decoupled weight decay, through PyTorch's
@@ -68,8 +71,8 @@ class AdamW {
   // that the host need not wait for it.
   void step(double lr, const at::Tensor& skip);
 
-  // Every parameter's moments and step count, as "<name>.exp_avg", "<name>.exp_avg_sq" and
-  // "<name>.step".
+  // Every parameter's moments and step count by part, as "<part>.exp_avg", "<part>.exp_avg_sq" and
+  // "<part>.step".
   OptimizerState state() const;
   // Restores a state() of the same parameters; a missing or misshapen entry is a UserError naming
   // `source` and the entry, and then nothing has changed.
@@ -79,8 +82,7 @@ class AdamW {
 
  private:
   struct Entry {
-    std::string name;
-    at::Tensor parameter;
+    NamedParameter parameter;
     at::Tensor exp_avg;
     at::Tensor exp_avg_sq;
   };
@@ -98,5 +100,15 @@ inline bool decays(const at::Tensor& parameter) { return parameter.dim() >= 2; }
 // a UserError naming `source` otherwise.
 const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& name,
                               at::IntArrayRef sizes, const std::string& source);
+
+// Adds `tensor`, of `parameter`'s shape (a moment, a momentum), to `state` as "<part><suffix>" for
+// each of the parameter's parts: views of its rows.
+void add_by_part(OptimizerState& state, const NamedParameter& parameter, const at::Tensor& tensor,
+                 std::string_view suffix);
+
+// The saved "<part><suffix>" of each of `parameter`'s parts, joined into one tensor of the
+// parameter's shape; each is checked as saved_entry checks it.
+at::Tensor saved_by_part(const OptimizerState& saved, const NamedParameter& parameter,
+                         std::string_view suffix, const std::string& source);
 
 }  // namespace mltrain

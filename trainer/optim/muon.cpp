@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace mltrain {
 
@@ -28,31 +30,42 @@ double muon_update_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }
 
-void MuonUpdate::add(const at::Tensor& weight, const at::Tensor& momentum) {
-  weights_.push_back(weight);
-  momenta_.push_back(momentum);
+void MuonUpdate::add(const at::Tensor& weight, const at::Tensor& momentum,
+                     std::vector<int64_t> rows) {
+  entries_.push_back({weight, momentum, std::move(rows)});
+}
+
+at::Tensor MuonUpdate::scaled_update(const at::Tensor& nesterov,
+                                     const std::vector<int64_t>& rows) const {
+  // On CUDA the products run at the bf16 rate; on the CPU fp32 is the faster of the two except
+  // with AMX, and the exact one.
+  const at::Tensor input = nesterov.is_cuda() ? nesterov.to(at::kBFloat16) : nesterov;
+  std::vector<at::Tensor> updates;
+  int64_t first_row = 0;
+  for (const int64_t matrix_rows : rows) {
+    const at::Tensor matrix = input.narrow(0, first_row, matrix_rows);
+    updates.push_back(newton_schulz(matrix, options_.ns_steps)
+                          .to(nesterov.scalar_type())
+                          .mul_(muon_update_scale(matrix_rows, matrix.size(1))));
+    first_row += matrix_rows;
+  }
+  return updates.size() == 1 ? updates.front() : at::cat(updates);
 }
 
 void MuonUpdate::step(double lr, const at::Tensor& skip) {
   at::NoGradGuard no_grad;
   const double mu = options_.momentum;
   const at::Tensor applied = skip.eq(0);
-  for (size_t i = 0; i < weights_.size(); ++i) {
-    at::Tensor weight = weights_[i];
-    at::Tensor momentum = momenta_[i];
-    const at::Tensor grad = weight.grad();
-    const at::Tensor next_momentum = at::add(grad, momentum, mu);
+  for (Entry& entry : entries_) {
+    const at::Tensor grad = entry.weight.grad();
+    const at::Tensor next_momentum = at::add(grad, entry.momentum, mu);
     const at::Tensor nesterov = at::add(grad, next_momentum, mu);
-    // On CUDA the products run at the bf16 rate; on the CPU fp32 is the faster of the two except
-    // with AMX, and the exact one.
-    const at::Tensor input = nesterov.is_cuda() ? nesterov.to(at::kBFloat16) : nesterov;
-    const at::Tensor orthogonal = newton_schulz(input, options_.ns_steps).to(weight.scalar_type());
-    const at::Tensor next_weight = at::add(weight * (1.0 - lr * options_.weight_decay), orthogonal,
-                                           -lr * muon_update_scale(weight.size(0), weight.size(1)));
+    const at::Tensor next_weight = at::add(entry.weight * (1.0 - lr * options_.weight_decay),
+                                           scaled_update(nesterov, entry.rows), -lr);
     // A skipped step (a non-finite gradient, a loss spike) leaves both as they were: a select,
     // as any arithmetic with the skip flag would carry a NaN through.
-    momentum.copy_(at::where(applied, next_momentum, momentum));
-    weight.copy_(at::where(applied, next_weight, weight));
+    entry.momentum.copy_(at::where(applied, next_momentum, entry.momentum));
+    entry.weight.copy_(at::where(applied, next_weight, entry.weight));
   }
 }
 

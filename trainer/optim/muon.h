@@ -33,22 +33,32 @@ double muon_update_scale(int64_t rows, int64_t cols);
 //   U  = G + mu M                                    (Nesterov)
 //   O  = newton_schulz(U)                            (bf16 on CUDA, fp32 on the CPU)
 //   W <- W - lr (muon_update_scale(W) O + wd W)
-// unless the step is skipped: then neither W nor M changes.
+// unless the step is skipped: then neither W nor M changes. A parameter that stacks several
+// matrices row after row (a fused projection: q, k and v) takes this step for each of them, as
+// Muon defines it, with O and its scale of that matrix alone.
 class MuonUpdate {
  public:
   explicit MuonUpdate(MuonOptions options) : options_(options) {}
 
-  // A matrix and its momentum buffer (same shape); its gradient is read as weight.grad().
-  void add(const at::Tensor& weight, const at::Tensor& momentum);
+  // A parameter and its momentum buffer (same shape); its gradient is read as weight.grad(). It
+  // stacks matrices of `rows` rows each, in order, which sum to its rows.
+  void add(const at::Tensor& weight, const at::Tensor& momentum, std::vector<int64_t> rows);
 
   // One step of every matrix with learning rate `lr`, unless `skip` (a float scalar on the
   // weights' device) is 1. The decision stays on the device.
   void step(double lr, const at::Tensor& skip);
 
  private:
+  // The orthogonalised update of each matrix of `rows` in `nesterov`, scaled, stacked as they are.
+  at::Tensor scaled_update(const at::Tensor& nesterov, const std::vector<int64_t>& rows) const;
+
+  struct Entry {
+    at::Tensor weight;
+    at::Tensor momentum;
+    std::vector<int64_t> rows;
+  };
   MuonOptions options_;
-  std::vector<at::Tensor> weights_;
-  std::vector<at::Tensor> momenta_;
+  std::vector<Entry> entries_;
 };
 
 }  // namespace mltrain

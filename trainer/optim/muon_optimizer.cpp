@@ -5,14 +5,16 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 namespace mltrain {
 namespace {
 
 NamedParameters adamw_parameters(const NamedParameters& parameters) {
   NamedParameters rest;
-  for (const auto& [name, parameter] : parameters)
-    if (!updated_by_muon(name, parameter)) rest.emplace_back(name, parameter);
+  for (const NamedParameter& parameter : parameters)
+    if (!updated_by_muon(parameter)) rest.push_back(parameter);
   return rest;
 }
 
@@ -36,8 +38,8 @@ std::vector<int> deal_matrices(const std::vector<int64_t>& sizes, int ranks) {
 
 }  // namespace
 
-bool updated_by_muon(const std::string& name, const at::Tensor& parameter) {
-  return parameter.dim() == 2 && name.starts_with("model.layers.");
+bool updated_by_muon(const NamedParameter& parameter) {
+  return parameter.tensor.dim() == 2 && parameter.name.starts_with("model.layers.");
 }
 
 MuonOptimizer::MuonOptimizer(const NamedParameters& parameters, Communicator& communicator,
@@ -49,18 +51,21 @@ MuonOptimizer::MuonOptimizer(const NamedParameters& parameters, Communicator& co
       adamw_(adamw_parameters(parameters), options.adamw),
       muon_(options.muon.value()) {
   std::vector<int64_t> sizes;
-  for (const auto& [name, parameter] : parameters) {
-    if (!updated_by_muon(name, parameter)) continue;
-    matrices_.push_back({.name = name, .weight = parameter, .owner = 0, .momentum = {}});
-    sizes.push_back(parameter.numel());
+  for (const NamedParameter& parameter : parameters) {
+    if (!updated_by_muon(parameter)) continue;
+    matrices_.push_back({.parameter = parameter, .owner = 0, .momentum = {}});
+    sizes.push_back(parameter.tensor.numel());
   }
   const std::vector<int> owners = deal_matrices(sizes, sharded_ ? communicator_.size() : 1);
   for (size_t i = 0; i < matrices_.size(); ++i) {
     Matrix& matrix = matrices_[i];
     matrix.owner = sharded_ ? owners[i] : communicator_.rank();
     if (!owns(matrix)) continue;
-    matrix.momentum = at::zeros_like(matrix.weight, at::MemoryFormat::Contiguous);
-    muon_.add(matrix.weight, matrix.momentum);
+    const at::Tensor& weight = matrix.parameter.tensor;
+    matrix.momentum = at::zeros_like(weight, at::MemoryFormat::Contiguous);
+    std::vector<int64_t> rows;
+    for (const ParameterPart& part : matrix.parameter.parts) rows.push_back(part.rows);
+    muon_.add(weight, matrix.momentum, std::move(rows));
   }
 }
 
@@ -70,7 +75,8 @@ void MuonOptimizer::update(double lr, const at::Tensor& skip) {
   muon_.step(lr * muon_lr_ratio_, skip);
   if (sharded_) {
     at::NoGradGuard no_grad;
-    for (const Matrix& matrix : matrices_) communicator_.broadcast(matrix.weight, matrix.owner);
+    for (const Matrix& matrix : matrices_)
+      communicator_.broadcast(matrix.parameter.tensor, matrix.owner);
   }
   gradients_.zero();
 }
@@ -83,23 +89,24 @@ OptimizerState MuonOptimizer::state() const {
     at::Tensor momentum = matrix.momentum;
     if (sharded_) {
       // From its owner to rank 0, through a broadcast: the communicator has no send.
-      momentum = owns(matrix) ? momentum.clone() : at::zeros_like(matrix.weight);
+      momentum = owns(matrix) ? momentum.clone() : at::zeros_like(matrix.parameter.tensor);
       communicator_.broadcast(momentum, matrix.owner);
       if (keep) momentum = momentum.to(at::kCPU);
     }
-    if (keep) state.emplace(matrix.name + ".momentum", momentum);
+    if (keep) add_by_part(state, matrix.parameter, momentum, ".momentum");
   }
   return state;
 }
 
 void MuonOptimizer::load_state(const OptimizerState& saved, const std::string& source) {
   // Everything is checked before anything changes.
+  std::vector<at::Tensor> momenta;
   for (const Matrix& matrix : matrices_)
-    saved_entry(saved, matrix.name + ".momentum", matrix.weight.sizes(), source);
+    momenta.push_back(saved_by_part(saved, matrix.parameter, ".momentum", source));
   adamw_.load_state(saved, source);
   at::NoGradGuard no_grad;
-  for (const Matrix& matrix : matrices_)
-    if (owns(matrix)) at::Tensor(matrix.momentum).copy_(saved.at(matrix.name + ".momentum"));
+  for (size_t i = 0; i < matrices_.size(); ++i)
+    if (owns(matrices_[i])) at::Tensor(matrices_[i].momentum).copy_(momenta[i]);
 }
 
 int64_t MuonOptimizer::state_bytes() const {

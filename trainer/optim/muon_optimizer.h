@@ -10,11 +10,11 @@
 
 namespace mltrain {
 
-// Whether Muon updates the parameter `name` (a Hugging Face name, as the optimizers know them): the
-// matrices inside the blocks (the attention and
-// feed-forward projections). The embedding (tied with the output layer), an untied output layer
-// and the norms' gains stay on AdamW: Muon is defined for hidden matrices.
-bool updated_by_muon(const std::string& name, const at::Tensor& parameter);
+// Whether Muon updates `parameter` (under its Hugging Face name, as the optimizers know it): the
+// matrices inside the blocks (the attention and feed-forward projections). The embedding (tied
+// with the output layer), an untied output layer and the norms' gains stay on AdamW: Muon is
+// defined for hidden matrices. Each part of a fused projection is a matrix of its own to Muon.
+bool updated_by_muon(const NamedParameter& parameter);
 
 // optim.name muon: Muon (muon.h) for the blocks' matrices and AdamW for the rest, on the ranks of
 // a communicator. The gradients are all-reduced while backward runs, as for replicated AdamW, so
@@ -27,7 +27,7 @@ bool updated_by_muon(const std::string& name, const at::Tensor& parameter);
 // state of the rest (the embedding, the norms) stays whole on every rank.
 //
 // The state, as a checkpoint holds it whatever the ranks: AdamW's entries of its parameters
-// (adamw.h), and "<name>.momentum" of each matrix.
+// (adamw.h), and "<part>.momentum" of each matrix.
 class MuonOptimizer : public Optimizer {
  public:
   MuonOptimizer(const NamedParameters& parameters, Communicator& communicator,
@@ -43,10 +43,9 @@ class MuonOptimizer : public Optimizer {
 
  private:
   struct Matrix {
-    std::string name;
-    at::Tensor weight;
-    int owner = 0;        // the rank that updates it
-    at::Tensor momentum;  // on its owner only
+    NamedParameter parameter;  // one or several matrices stacked (its parts)
+    int owner = 0;             // the rank that updates it
+    at::Tensor momentum;       // on its owner only
   };
   bool owns(const Matrix& matrix) const { return matrix.owner == communicator_.rank(); }
 

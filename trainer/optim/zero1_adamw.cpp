@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace mltrain {
 namespace {
@@ -20,8 +22,9 @@ std::vector<BucketLayout> layouts_of(const auto& buckets) {
 Zero1AdamW::Zero1AdamW(const NamedParameters& parameters, Communicator& communicator,
                        const DataParallelOptions& options)
     : communicator_(communicator),
+      named_(parameters),
       parameters_(tensors_of(parameters)),
-      buckets_(lay_out(parameters, options.buckets, communicator.size())),
+      buckets_(lay_out(parameters_, options.buckets, communicator.size())),
       reducer_(
           parameters_, layouts_of(buckets_), communicator,
           {.overlap = options.overlap, .compress_bf16 = options.compress_bf16, .scatter = true}),
@@ -46,14 +49,11 @@ Zero1AdamW::Zero1AdamW(const NamedParameters& parameters, Communicator& communic
   update_.set_grads(/*decay=*/false, other_grads_);
 }
 
-std::vector<Zero1AdamW::Bucket> Zero1AdamW::lay_out(const NamedParameters& parameters,
+std::vector<Zero1AdamW::Bucket> Zero1AdamW::lay_out(const std::vector<at::Tensor>& parameters,
                                                     BucketSizes sizes, int ranks) {
   std::vector<Bucket> buckets;
-  for (BucketLayout& layout : assign_buckets(tensors_of(parameters), sizes, ranks)) {
-    Bucket bucket{std::move(layout), {}, {}};
-    for (const size_t i : bucket.layout.members) bucket.names.push_back(parameters[i].first);
-    buckets.push_back(std::move(bucket));
-  }
+  for (BucketLayout& layout : assign_buckets(parameters, sizes, ranks))
+    buckets.push_back({std::move(layout), {}});
   return buckets;
 }
 
@@ -148,15 +148,18 @@ OptimizerState Zero1AdamW::state() const {
       const at::Tensor whole = gather_bucket(bucket, part, moment);
       if (!keep) continue;
       const at::Tensor on_host = whole.to(at::kCPU);
-      for (size_t k = 0; k < bucket.names.size(); ++k) {
-        state.emplace(
-            bucket.names[k] + suffix,
-            bucket.layout.member_view(on_host, k, parameters_[bucket.layout.members[k]].sizes()));
+      for (size_t k = 0; k < bucket.layout.members.size(); ++k) {
+        add_by_part(state, member(bucket, k),
+                    bucket.layout.member_view(on_host, k, member(bucket, k).tensor.sizes()),
+                    suffix);
       }
     }
     if (!keep) continue;
     const at::Tensor steps = update_.step_count().to(at::kCPU);
-    for (const std::string& name : bucket.names) state.emplace(name + ".step", steps);
+    for (size_t k = 0; k < bucket.layout.members.size(); ++k) {
+      for (const ParameterPart& part : member(bucket, k).parts)
+        state.emplace(part.name + ".step", steps);
+    }
   }
   return state;
 }
@@ -164,12 +167,13 @@ OptimizerState Zero1AdamW::state() const {
 void Zero1AdamW::load_state(const OptimizerState& saved, const std::string& source) {
   at::NoGradGuard no_grad;
   // Everything is checked before anything changes.
-  for (const Bucket& bucket : buckets_) {
-    for (size_t k = 0; k < bucket.names.size(); ++k) {
-      const at::IntArrayRef sizes = parameters_[bucket.layout.members[k]].sizes();
-      for (const char* suffix : {".exp_avg", ".exp_avg_sq"})
-        saved_entry(saved, bucket.names[k] + suffix, sizes, source);
-      saved_entry(saved, bucket.names[k] + ".step", {}, source);
+  std::string first_step;  // any part's: every parameter takes every step
+  for (const NamedParameter& parameter : named_) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"})
+      saved_by_part(saved, parameter, suffix, source);
+    for (const ParameterPart& part : parameter.parts) {
+      saved_entry(saved, part.name + ".step", {}, source);
+      if (first_step.empty()) first_step = part.name + ".step";
     }
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -179,17 +183,14 @@ void Zero1AdamW::load_state(const OptimizerState& saved, const std::string& sour
          {std::pair{".exp_avg", part.exp_avg}, std::pair{".exp_avg_sq", part.exp_avg_sq}}) {
       const at::Tensor whole =
           at::zeros({bucket.layout.elements}, moment.options().device(at::kCPU));
-      for (size_t k = 0; k < bucket.names.size(); ++k) {
-        const at::Tensor& value = saved.at(bucket.names[k] + suffix);
+      for (size_t k = 0; k < bucket.layout.members.size(); ++k) {
+        const at::Tensor value = saved_by_part(saved, member(bucket, k), suffix, source);
         whole.narrow(0, bucket.layout.offsets[k], value.numel()).copy_(value.flatten());
       }
       at::Tensor(moment).copy_(whole.narrow(0, part.begin, moment.numel()));
     }
   }
-  // Every parameter takes every step, so any one count is the count.
-  if (!buckets_.empty()) {
-    at::Tensor(update_.step_count()).copy_(saved.at(buckets_.front().names.front() + ".step"));
-  }
+  if (!first_step.empty()) at::Tensor(update_.step_count()).copy_(saved.at(first_step));
 }
 
 int64_t Zero1AdamW::state_bytes() const {

@@ -56,17 +56,20 @@ class Zero1AdamW : public Optimizer {
   struct Bucket {
     BucketLayout layout;
     at::Tensor weights;  // the whole bucket's weights: every parameter of it is a view here
-    std::vector<std::string> names;  // of the bucket's members, in their order
   };
-  static std::vector<Bucket> lay_out(const NamedParameters& parameters, BucketSizes sizes,
+  static std::vector<Bucket> lay_out(const std::vector<at::Tensor>& parameters, BucketSizes sizes,
                                      int ranks);
+  const NamedParameter& member(const Bucket& bucket, size_t k) const {
+    return named_[bucket.layout.members[k]];
+  }
   void move_into_buckets();
   void add_pieces_to_update(const Bucket& bucket, const Part& part);
   at::Tensor gather_bucket(const Bucket& bucket, const Part& part, const at::Tensor& values) const;
   void check_parameters_in_buckets() const;
 
   Communicator& communicator_;
-  std::vector<at::Tensor> parameters_;
+  NamedParameters named_;
+  std::vector<at::Tensor> parameters_;  // named_'s tensors
   std::vector<Bucket> buckets_;
   GradReducer reducer_;  // the gradients' side: the same layout, reduce-scattered
   std::vector<Part> parts_;

@@ -40,11 +40,12 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
            statistics;
   }
   // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d), and each product
-  // keeps its own bf16 cast of its input: three of the attention norm's output, two of the
-  // feed-forward norm's (5 x 2d); gate, up and SwiGLU's output in bf16 (3 x 2f). The ATen
-  // compositions keep the norms' fp32 copies too (2 x 4d) and silu(gate) (2f).
+  // keeps its own bf16 cast of its input: the fused q, k, v product of the attention norm's
+  // output, the fused gate and up product of the feed-forward norm's (2 x 2d); gate, up and
+  // SwiGLU's output in bf16 (3 x 2f). The ATen compositions keep the norms' fp32 copies too
+  // (2 x 4d) and silu(gate) (2f).
   const int64_t attention = 2 * (2 * q + 2 * kv);
-  return (path.fused_layers ? 18 * d + 6 * f : 26 * d + 8 * f) + attention + statistics;
+  return (path.fused_layers ? 12 * d + 6 * f : 20 * d + 8 * f) + attention + statistics;
 }
 
 // Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient

@@ -362,7 +362,7 @@ void TrainingRun::build_optimizer() {
   if (config_.dist.zero_stage == 1 && !sharded)
     spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
   optimizer_ =
-      make_optimizer(hf_named_parameters(model_), *communicator_,
+      make_optimizer(hf_parameters(model_), *communicator_,
                      {.buckets = {.bucket_mb = config_.dist.bucket_mb},
                       .overlap = overlap_all_reduce(config_.dist.overlap, device_),
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
