@@ -5,7 +5,8 @@
 # bench/fetch_gpu_packages.sh), runs `ctest -L gpu`, trains configs/base.yaml for a few hundred
 # steps in bf16 through `mpirun -n 1` (so the NCCL path runs) with two of them profiled by kind of
 # work (bench/step_profile.py), runs bench/train_throughput.sh in bf16 (with data.document_masking
-# too, issue 26) and fp32, bench/checkpoint_pause.sh, and, as the budget allows,
+# too, issue 26), configs/llama-1b.yaml's model in bf16 against torch.compile (on a GPU only), and
+# fp32, with every implementation's peak memory, bench/checkpoint_pause.sh, and, as the budget allows,
 # bench/time_to_loss.sh on the base config (one seed, 240 steps). Every stage has its own time
 # limit, so one that fails or hangs leaves the others' results; $OUT/results.md sums them up and
 # the raw logs lie beside it.
@@ -43,20 +44,21 @@ export OUT MLTRAIN_GPU_CHECK_WORK=$work
 case $device in
   cuda)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-540}
-    declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_fp32]=180
-      [checkpoint_pause]=120 [time_to_loss]=240)
+    declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_1b]=150
+      [bench_fp32]=180 [checkpoint_pause]=120 [time_to_loss]=240)
     python=${MLTRAIN_PYTHON:-$(command -v python3)}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-300}
     train_sets=(train.precision=bf16 dist.backend=nccl train.log_every=10)
     bench_args=(--model base --steps 20 --warmup 5 --reps 2)
+    bench_1b_args=(--model llama-1b --steps 10 --warmup 3 --reps 1)
     pause_args=(--reps 2 --steps 16 --every 5)
     loss_args=(--config "$repo/configs/base.yaml" --seeds 1 --steps 240 --eval-every 20
       --set optim.warmup_steps=24 --set train.eval_batches=8)
     ;;
   cpu)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-5400}
-    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_fp32]=900
-      [checkpoint_pause]=600 [time_to_loss]=900)
+    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_1b]=0
+      [bench_fp32]=900 [checkpoint_pause]=600 [time_to_loss]=900)
     python=${MLTRAIN_PYTHON:-${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-10}
     train_sets=(train.precision=fp32 dist.backend=mpi train.log_every=2
@@ -249,18 +251,20 @@ EOF
   fi
 }
 
-bench_bf16() { benchmark bf16; }
-bench_fp32() { benchmark fp32; }
+bench_bf16() { benchmark bf16 "mltrain eager compile masked" bench_bf16 "${bench_args[@]}"; }
+# The 1.1B model on one GPU (issue 25's MFU and torch.compile targets): mltrain and compile alone.
+bench_1b() { benchmark bf16 "mltrain compile" bench_1b "${bench_1b_args[@]}"; }
+bench_fp32() { benchmark fp32 "mltrain eager compile" bench_fp32 "${bench_args[@]}"; }
+# benchmark PRECISION VARIANTS NAME ARGS...: the table into $work/NAME.md. masked is document
+# masking's cost (issue 26) in the precision training runs in.
 benchmark() {
-  local precision=$1 variants="mltrain eager compile"
-  # Document masking's cost (issue 26) in the precision training runs in.
-  [[ $precision == bf16 ]] && variants+=" masked"
+  local precision=$1 variants=$2 name=$3
+  shift 3
   # The benchmark ends its own runs at its budget and still prints its table (20 s before the
   # stage's limit, the backstop; a budget too short for any run still gives the table, empty).
   MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards BENCH_VARIANTS=$variants \
     BENCH_BUDGET_S=$((STAGE_LIMIT_S > 30 ? STAGE_LIMIT_S - 20 : 1)) bash "$repo/bench/train_throughput.sh" \
-    --device "$device" --precision "$precision" --log "$OUT/throughput.log" "${bench_args[@]}" \
-    >"$work/bench_$precision.md"
+    --device "$device" --precision "$precision" --log "$OUT/throughput.log" "$@" >"$work/$name.md"
 }
 
 # How long training stops at a checkpoint, synchronous against in the background: last, as what
@@ -305,9 +309,13 @@ if ((built)); then
   else
     not_run train "no shards in $shards: run bench/fetch_gpu_packages.sh"
   fi
-  for precision in bf16 fp32; do
-    stage "bench_$precision" throughput.log "bench_$precision"
-    [[ -s $work/bench_$precision.md ]] && section <"$work/bench_$precision.md"
+  for name in bench_bf16 bench_1b bench_fp32; do
+    if ((cap[$name] == 0)); then
+      rows+=("| $name | skipped: the 1.1B model is benchmarked on a GPU only | 0 | |")
+      continue
+    fi
+    stage "$name" throughput.log "$name"
+    [[ -s $work/$name.md ]] && section <"$work/$name.md"
   done
   if [[ -d $shards ]]; then
     stage checkpoint_pause checkpoint_pause.log checkpoint_pause
@@ -320,7 +328,7 @@ if ((built)); then
     done
   fi
 else
-  for name in ctest train bench_bf16 bench_fp32 checkpoint_pause time_to_loss; do
+  for name in ctest train bench_bf16 bench_1b bench_fp32 checkpoint_pause time_to_loss; do
     not_run "$name" "the build failed"
   done
 fi

@@ -3,14 +3,18 @@ torch.compile), for comparing mltrain's training throughput against.
 
 Written from the model chapter (../shared/seed/) and DESIGN.md, not from the C++ code: RMSNorm
 computed in fp32, rotate-half RoPE, grouped-query attention through F.scaled_dot_product_attention
-with the chapter's repeated key/value heads, SwiGLU, no biases, tied embeddings. A step is
+with the chapter's repeated key/value heads, SwiGLU, no biases, tied embeddings (or, with
+--untied, an output projection of its own, as configs/llama-1b.yaml has). A step is
 mltrain's: grad_accum micro-batches of next-token cross-entropy (fp32 loss, bf16 autocast or
 fp32), global-norm clipping, fused AdamW with weight decay on matrices, and the loss read back.
 Every step draws a fresh random batch: a repeated batch is memorised, its gradients turn
-denormal and the CPU slows down threefold. Prints the median tokens/s of the timed steps.
+denormal and the CPU slows down threefold. Prints the median tokens/s of the timed steps, and the
+peak memory: the CUDA allocator's peak on a GPU, the process's peak RSS on the CPU (as mltrain
+logs its own).
 """
 import argparse
 import math
+import resource
 import statistics
 import time
 
@@ -104,7 +108,8 @@ class MiniLlama(nn.Module):
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.lm_head.weight = self.token_embeddings.weight
+        if not c.untied:
+            self.lm_head.weight = self.token_embeddings.weight
         cos, sin = rotary_tables(c.head_dim, c.seq_len, c.rope_theta)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -135,6 +140,7 @@ def parse_args():
                           ("n-kv-heads", 2), ("head-dim", 64), ("d-ffn", 1408), ("seq-len", 1024),
                           ("micro-batch", 16), ("grad-accum", 4)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--untied", action="store_true", help="an output projection of its own")
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--norm-eps", type=float, default=1e-6)
     p.add_argument("--init-std", type=float, default=0.02)
@@ -192,11 +198,14 @@ def main():
         print(f"step {step} | loss {loss:.4f} | {elapsed * 1e3:.0f} ms | "
               f"{tokens_per_step / elapsed:.0f} tok/s", flush=True)
     median = statistics.median(seconds)
-    memory = ""
     if device.type == "cuda":
-        memory = f", peak memory {torch.cuda.max_memory_allocated() / 1e9:.2f} GB"
-    print(f"median of {len(seconds)} timed steps: {median * 1e3:.1f} ms{memory}")
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    print(f"median of {len(seconds)} timed steps: {median * 1e3:.1f} ms, "
+          f"peak memory {peak / 1e9:.2f} GB")
     print(f"tokens_per_s {tokens_per_step / median:.1f}")
+    print(f"peak_memory_bytes {peak}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 # batch and thread count. The three run in turn, repetition after repetition, so that the
 # machine's drift touches all alike; each run's figure is the median tokens/s of its steps after
 # the warm-up, and the markdown table on stdout gives the median over repetitions, the spread and
-# the ratios mltrain/eager and mltrain/compile. It exits 1 when a variant has no result.
+# the ratios mltrain/eager and mltrain/compile, with each implementation's peak memory (the CUDA
+# allocator's peak on a GPU, the process's peak RSS on the CPU) and mltrain's against
+# torch.compile's. It exits 1 when a variant has no result.
 #
 # The table also gives each implementation's achieved FLOP/s, tokens/s x FLOPs per token by
 # PaLM's formula (appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len, N every parameter
@@ -13,13 +15,14 @@
 # shapes (the FLOP-weighted rate of a micro-batch's GEMMs). For mltrain it adds the overheads from
 # its metrics.jsonl, medians over the timed steps: the loader wait, data_ms / step_ms, and the time
 # outside forward, backward and the optimizer step, 1 - (data_ms + forward_backward_ms +
-# optimizer_ms) / step_ms (where the rows have those keys), and the peak memory it logged.
+# optimizer_ms) / step_ms (where the rows have those keys).
 #
-#   bench/train_throughput.sh [--device cpu|cuda] [--model base|small] [--precision bf16|fp32]
+#   bench/train_throughput.sh [--device cpu|cuda] [--model base|small|llama-1b] [--precision bf16|fp32]
 #                             [--steps N] [--warmup N] [--reps N] [--log FILE]
 #
 # base is configs/base.yaml's model and batch (16 x 4 x 1024 tokens; on the CPU 2 x 1 x 256, by
-# default), small is configs/smoke.yaml's (16 x 2 x 128). Environment:
+# default), small is configs/smoke.yaml's (16 x 2 x 128), llama-1b is configs/llama-1b.yaml's model
+# (untied embeddings) at 4 x 1 x 2048 tokens on one GPU (on the CPU 1 x 1 x 256). Environment:
 #   BENCH_SEQ_LEN, BENCH_MICRO_BATCH, BENCH_GRAD_ACCUM  another batch than the model's default
 #   BENCH_THREADS    CPU intra-op threads of every run (default: all cores)
 #   BENCH_VARIANTS   which to run (default "mltrain eager compile"); "masked" is mltrain with
@@ -58,10 +61,16 @@ matmul_flops=${BENCH_MATMUL_FLOPS:-}
 matmul=${BENCH_MATMUL:-1}
 
 # vocab_size d_model n_layers n_q_heads n_kv_heads head_dim d_ffn; seq_len micro_batch grad_accum
+tied=true
 case $model in
   base) dims=(4096 512 12 8 2 64 1408); batch=(1024 16 4); [[ $device == cpu ]] && batch=(256 2 1) ;;
   small) dims=(4096 128 4 4 2 32 352); batch=(128 16 2) ;;
-  *) echo "--model is base or small, not $model" >&2; exit 2 ;;
+  llama-1b)
+    dims=(32000 2048 22 32 4 64 5632) tied=false
+    batch=(2048 4 1)
+    [[ $device == cpu ]] && batch=(256 1 1)
+    ;;
+  *) echo "--model is base, small or llama-1b, not $model" >&2; exit 2 ;;
 esac
 seq_len=${BENCH_SEQ_LEN:-${batch[0]}}
 micro_batch=${BENCH_MICRO_BATCH:-${batch[1]}}
@@ -92,7 +101,7 @@ run_mltrain() {
   for setting in \
     model.vocab_size="${dims[0]}" model.d_model="${dims[1]}" model.n_layers="${dims[2]}" \
     model.n_q_heads="${dims[3]}" model.n_kv_heads="${dims[4]}" model.head_dim="${dims[5]}" \
-    model.d_ffn="${dims[6]}" model.max_seq_len="$seq_len" \
+    model.d_ffn="${dims[6]}" model.max_seq_len="$seq_len" model.tie_word_embeddings="$tied" \
     data.train="$data/train_*.bin" data.val="$data/val_*.bin" data.tokenizer="$data/tokenizer.model" \
     data.seq_len="$seq_len" data.micro_batch="$micro_batch" data.grad_accum="$grad_accum" \
     train.device="$device" train.precision="$precision" train.threads="$threads" \
@@ -110,6 +119,7 @@ run_reference() {
     --n-q-heads "${dims[3]}" --n-kv-heads "${dims[4]}" --head-dim "${dims[5]}" --d-ffn "${dims[6]}"
     --seq-len "$seq_len" --micro-batch "$micro_batch" --grad-accum "$grad_accum")
   [[ $1 == compile ]] && flags+=(--compile)
+  [[ $tied == false ]] && flags+=(--untied)
   PYTHONUNBUFFERED=1 bounded "$python" "$repo/bench/reference_train.py" "${flags[@]}"
 }
 
@@ -135,8 +145,8 @@ measure_matmul_rate() {
   sed -n "s/^${precision}_flops_per_s //p" <<<"$output" | tail -1
 }
 
-# One run, its output appended to the log; prints its tokens/s line (and mltrain's overheads and
-# peak memory lines), or nothing when it failed or the budget has no time left for it.
+# One run, its output appended to the log; prints its tokens/s and peak memory lines (and
+# mltrain's overheads), or nothing when it failed or the budget has no time left for it.
 measure() {
   local variant=$1 rep=$2 output rc=0
   if ! time_left; then
@@ -172,17 +182,18 @@ else
 fi
 
 declare -A rates
-loader="" outside="" peak_memory=""
+loader="" outside="" peak_memory=""  # peak_memory: variant:bytes for each run that logged it
 for ((rep = 1; rep <= reps; ++rep)); do
   for variant in $variants; do
     result=$(measure "$variant" "$rep")
     rate=$(sed -n 's/^tokens_per_s //p' <<<"$result" | tail -1)
     if [[ -n $rate ]]; then
       rates[$variant]+="$rate "
+      peak=$(sed -n 's/^peak_memory_bytes //p' <<<"$result" | tail -1)
+      [[ -n $peak ]] && peak_memory+="$variant:$peak "
       if [[ $variant == mltrain ]]; then
         loader+="$(sed -n 's/^loader_pct //p' <<<"$result" | tail -1) "
         outside+="$(sed -n 's/^outside_pct //p' <<<"$result" | tail -1) "
-        peak_memory+="$(sed -n 's/^peak_memory_bytes //p' <<<"$result" | tail -1) "
       fi
     fi
     echo "[train_throughput] repetition $rep, $variant: ${rate:-no result (see the log)} tokens/s" >&2
@@ -192,23 +203,30 @@ done
 "$python" - "$model" "$device" "$precision" "$tokens_per_step" "$steps" "$warmup" "$threads" \
   "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" "${dims[*]}" \
   "$seq_len" "$matmul_flops" "$matmul_source" "$loader" "$outside" "$peak_memory" \
-  "${rates[masked]:-}" \
+  "${rates[masked]:-}" "$tied" \
   <<'EOF' | tee -a "$log"
 import statistics, sys
 model, device, precision, tokens, steps, warmup, threads, variants = sys.argv[1:9]
 names = ["mltrain", "PyTorch eager", "PyTorch torch.compile", "mltrain, document masking"]
+variant_of = dict(zip(names, ["mltrain", "eager", "compile", "masked"]))
 runs = {name: [float(x) for x in values.split()]
-        for name, variant, values in zip(names, ["mltrain", "eager", "compile", "masked"],
-                                         sys.argv[9:12] + sys.argv[19:20])
-        if variant in variants.split()}
+        for name, values in zip(names, sys.argv[9:12] + sys.argv[19:20])
+        if variant_of[name] in variants.split()}
 V, d, L, H, KV, D, F = (int(x) for x in sys.argv[12].split())
 T = int(sys.argv[13])
 matmul = float(sys.argv[14]) if sys.argv[14] else None
 matmul_source = sys.argv[15]
 loader, outside = ([float(x) for x in arg.split()] for arg in sys.argv[16:18])
-peaks = [int(x) for x in sys.argv[18].split()]
-# PaLM (Chowdhery et al. 2022), appendix B: 6 N + 12 L H D T per token, N every parameter.
-N = V * d + L * (d * H * D + 2 * d * KV * D + H * D * d + 3 * d * F + 2 * d) + d
+# Each variant's largest peak over its runs.
+peaks = {}
+for entry in sys.argv[18].split():
+    variant, peak = entry.split(":")
+    peaks[variant] = max(peaks.get(variant, 0), int(peak))
+tied = sys.argv[20] == "true"
+# PaLM (Chowdhery et al. 2022), appendix B: 6 N + 12 L H D T per token, N every parameter (an
+# untied output projection too).
+N = (V * d + L * (d * H * D + 2 * d * KV * D + H * D * d + 3 * d * F + 2 * d) + d
+     + (0 if tied else V * d))
 dense, attention = 6 * N, 12 * L * H * D * T
 flops_per_token = dense + attention
 
@@ -218,30 +236,36 @@ if device == "cuda" and precision == "fp32":
 print(f"\n### Training throughput: {model} model, {device}, {precision}\n")
 print(f"{tokens} tokens per step, {where}; a run's figure is the median of its "
       f"{steps} steps after {warmup} warm-up steps\n")
+memory_kind = "CUDA allocator's peak" if device == "cuda" else "peak RSS"
 print(f"| implementation | tokens/s, median of runs | spread, min to max | runs "
-      f"| achieved GFLOP/s | of the {precision} matmul rate |")
-print("| --- | ---: | ---: | ---: | ---: | ---: |")
+      f"| achieved GFLOP/s | of the {precision} matmul rate | peak memory ({memory_kind}) |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 medians = {}
 for name, values in runs.items():
     if not values:
-        print(f"| {name} | no result | | 0 | | |")
+        print(f"| {name} | no result | | 0 | | | |")
         continue
     medians[name] = statistics.median(values)
     spread = (max(values) - min(values)) / medians[name] * 100
     achieved = medians[name] * flops_per_token
     fraction = f"{achieved / matmul * 100:.1f}%" if matmul else "not measured"
+    peak = peaks.get(variant_of[name])
+    memory = f"{peak / 1e9:,.2f} GB" if peak else "not logged"
     print(f"| {name} | {medians[name]:,.0f} | {min(values):,.0f} to {max(values):,.0f} "
-          f"({spread:.1f}%) | {len(values)} | {achieved / 1e9:,.1f} | {fraction} |")
+          f"({spread:.1f}%) | {len(values)} | {achieved / 1e9:,.1f} | {fraction} | {memory} |")
 ratios = [f"mltrain/{short}: {medians['mltrain'] / medians[other]:.2f}x"
           for short, other in [("eager", names[1]), ("compile", names[2])]
           if "mltrain" in medians and other in medians]
+if peaks.get("mltrain") and peaks.get("compile"):
+    ratios.append(f"peak memory mltrain/compile: {peaks['mltrain'] / peaks['compile']:.2f}x")
 if "mltrain" in medians and names[3] in medians:
     ratios.append(f"masked/mltrain: {medians[names[3]] / medians['mltrain']:.3f}x")
 print("\n" + ("; ".join(ratios) if ratios else "no ratio: mltrain or both references have no result"))
 print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len = "
       f"6 x {N:,} + 12 x {L} x {H} x {D} x {T} = {flops_per_token / 1e6:,.1f} MFLOP; N is every "
-      f"parameter, the tied embedding once: V d + n_layers (d H D + 2 d KV D + H D d + 3 d d_ffn "
-      f"+ 2 d) + d, with V {V}, d {d}, H {H}, KV {KV}, D {D}, d_ffn {F}.")
+      f"parameter, " + ("the tied embedding once: " if tied else "the output projection too: ")
+      + "V d + n_layers (d H D + 2 d KV D + H D d + 3 d d_ffn + 2 d) + d"
+      + ("" if tied else " + V d") + f", with V {V}, d {d}, H {H}, KV {KV}, D {D}, d_ffn {F}.")
 if matmul:
     print(f"\nMatrix-product rate, {precision}: {matmul / 1e9:,.1f} GFLOP/s, the FLOP-weighted rate "
           f"of a micro-batch's GEMMs at these shapes and threads ({matmul_source}).")
@@ -259,9 +283,6 @@ if runs.get("mltrain"):
           f"forward, backward and the optimizer step {text(outside)} (target under 2%)."
           + (" On a GPU these are host times: a phase ends once its work is queued, so the wait "
              "for the device counts as outside." if device == "cuda" else ""))
-    if peaks:
-        print(f"mltrain's peak memory, as it logs it (RSS on the CPU, the CUDA allocator's peak on "
-              f"a GPU; rank 0): {max(peaks) / 2**20:,.0f} MiB.")
 EOF
 
 # A variant without a result fails the benchmark, after its table.

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "model/document_attention.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
@@ -51,9 +53,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
       rotate_heads(project(x, wqkv->weight, kernels_)
                        .view({batch, length, n_q_heads_ + 2 * n_kv_heads_, head_dim_}),
                    cos, sin, kernels_, /*rotated_heads=*/n_q_heads_ + n_kv_heads_);
-  const at::Tensor q = heads.narrow(2, 0, n_q_heads_).transpose(1, 2);
-  at::Tensor k = heads.narrow(2, n_q_heads_, n_kv_heads_).transpose(1, 2);
-  at::Tensor v = heads.narrow(2, n_q_heads_ + n_kv_heads_, n_kv_heads_).transpose(1, 2);
+  // Split, not narrowed: backward joins the three gradients in one copy, where each narrow's
+  // backward would fill a zero tensor of the whole and autograd then add the three.
+  const std::vector<at::Tensor> qkv =
+      heads.split_with_sizes({n_q_heads_, n_kv_heads_, n_kv_heads_}, 2);
+  const at::Tensor q = qkv[0].transpose(1, 2);
+  at::Tensor k = qkv[1].transpose(1, 2);
+  at::Tensor v = qkv[2].transpose(1, 2);
   if (documents != nullptr) {
     TORCH_CHECK(cache == nullptr, "attention within documents takes no cache");
     return attended_output((*documents)(q, k, v));

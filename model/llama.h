@@ -40,8 +40,8 @@ TORCH_MODULE(Block);
 // The LLaMA decoder: token embeddings, n_layers blocks, a final norm and the output projection.
 // With tie_word_embeddings the output projection is the embedding matrix itself: one tensor,
 // registered once (as token_embeddings.weight), so parameters() lists it once and an optimizer
-// steps it once. Submodule names follow the model chapter; hf_state_dict.h maps them to
-// Hugging Face's.
+// steps it once. Submodule names follow the model chapter, but for the fused projections (wqkv,
+// w_gate_up); hf_state_dict.h maps them to Hugging Face's.
 class LlamaImpl : public torch::nn::Module {
  public:
   // `kernels`: the implementation every layer and the loss run (kernels.h).

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "model/cpu_kernels.h"
 
 namespace mltrain {
@@ -35,9 +37,10 @@ at::Tensor rotate_leading_heads(const at::Tensor& x, const at::Tensor& cos, cons
                                 int64_t rotated_heads) {
   const int64_t heads = x.size(2);
   if (rotated_heads == heads) return apply_rotary(x, cos, sin);
-  return at::cat({apply_rotary(x.narrow(2, 0, rotated_heads), cos, sin),
-                  x.narrow(2, rotated_heads, heads - rotated_heads)},
-                 2);
+  // Split, so that backward joins the two gradients in one copy (see attention.cpp).
+  const std::vector<at::Tensor> parts =
+      x.split_with_sizes({rotated_heads, heads - rotated_heads}, 2);
+  return at::cat({apply_rotary(parts[0], cos, sin), parts[1]}, 2);
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -45,17 +45,37 @@ struct Attended {
   std::string first_node;         // the autograd node the output came from, under its views
 };
 
-// The attention of q, k, v within `documents`, and the gradients of <out, upstream>.
+// The attention of q, k, v [B, H, T, D] within `documents`, and the gradients of <out, upstream>.
+// With `views_of_one_tensor`, q, k and v reach the attention as the attention module hands them
+// over: strided views of one [B, T, Hq + 2 Hkv, D] tensor, the fused projection's rotated output.
 Attended attend(const PackedDocuments& documents, at::ScalarType dtype, c10::Device device,
-                const std::vector<at::Tensor>& qkv, const at::Tensor& upstream) {
+                const std::vector<at::Tensor>& qkv, const at::Tensor& upstream,
+                bool views_of_one_tensor = false) {
   std::vector<at::Tensor> inputs;
-  for (const at::Tensor& x : qkv)
-    inputs.push_back(x.to(device, dtype).detach().requires_grad_(true));
+  at::Tensor heads;
+  if (views_of_one_tensor) {
+    heads = at::cat({qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2)}, 2)
+                .to(device, dtype)
+                .detach()
+                .requires_grad_(true);
+    for (const at::Tensor& x :
+         heads.split_with_sizes({kQueryHeads, kKeyValueHeads, kKeyValueHeads}, 2))
+      inputs.push_back(x.transpose(1, 2));
+  } else {
+    for (const at::Tensor& x : qkv)
+      inputs.push_back(x.to(device, dtype).detach().requires_grad_(true));
+  }
   const DocumentAttention attention(documents.to(device), dtype, kHeadDim);
   const at::Tensor out = attention(inputs[0], inputs[1], inputs[2]);
   (out.to(at::kFloat) * upstream.to(device)).sum().backward();
   Attended result{out.to(at::kCPU, at::kFloat), {}, ""};
-  for (const at::Tensor& x : inputs) result.grads.push_back(x.grad().to(at::kCPU, at::kFloat));
+  if (views_of_one_tensor) {
+    for (const at::Tensor& grad :
+         heads.grad().split_with_sizes({kQueryHeads, kKeyValueHeads, kKeyValueHeads}, 2))
+      result.grads.push_back(grad.transpose(1, 2).to(at::kCPU, at::kFloat));
+  } else {
+    for (const at::Tensor& x : inputs) result.grads.push_back(x.grad().to(at::kCPU, at::kFloat));
+  }
   auto node = out.grad_fn();
   while (node && node->name().find("Backward") != std::string::npos &&
          (node->name().rfind("View", 0) == 0 || node->name().rfind("Transpose", 0) == 0 ||
@@ -86,6 +106,15 @@ class DocumentAttentionOnCuda : public ::testing::Test {
 
 TEST_F(DocumentAttentionOnCuda, Bf16RunsVariableLengthFlashAndMatchesTheCpu) {
   const Attended bf16 = attend(documents, at::kBFloat16, at::kCUDA, qkv, upstream);
+  EXPECT_EQ(bf16.first_node, "FlashAttentionBackward0");
+  EXPECT_LE(relative_error(bf16.out, on_cpu.out), 2e-2);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_LE(relative_error(bf16.grads[i], on_cpu.grads[i]), 3e-2) << "q, k, v: " << i;
+}
+
+TEST_F(DocumentAttentionOnCuda, Bf16TakesStridedViewsOfTheFusedProjection) {
+  const Attended bf16 =
+      attend(documents, at::kBFloat16, at::kCUDA, qkv, upstream, /*views_of_one_tensor=*/true);
   EXPECT_EQ(bf16.first_node, "FlashAttentionBackward0");
   EXPECT_LE(relative_error(bf16.out, on_cpu.out), 2e-2);
   for (size_t i = 0; i < 3; ++i)

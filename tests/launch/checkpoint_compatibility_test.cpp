@@ -20,9 +20,9 @@ using testing::TemporaryDirectory;
 // fused (q, k, v and gate, up as parameters of their own; see the README there). Resumed from
 // step 4, the run must reach those weights at step 8: the weights, AdamW's moments and Muon's
 // momenta all join into the fused parameters, and Muon still orthogonalises each projection on
-// its own. The fused products round differently from the separate ones, hence the tolerance: a
-// moment put in the wrong rows, or a projection orthogonalised with its neighbours, moves the
-// weights by far more.
+// its own. The fused products round differently from the separate ones (5e-8 apart here), as
+// another CPU's GEMMs would, hence the tolerance: a projection orthogonalised with its neighbours
+// moves the weights by 2e-4 to 5e-2, a moment in the wrong rows by more.
 TEST(CheckpointCompatibility, ACheckpointFromBeforeFusedProjectionsResumesAsItWouldHave) {
   const std::filesystem::path fixtures = std::filesystem::path(MLTRAIN_SOURCE_DIR) /
                                          "tests/launch/checkpoints_before_fused_projections";
@@ -52,7 +52,7 @@ TEST(CheckpointCompatibility, ACheckpointFromBeforeFusedProjectionsResumesAsItWo
         load_safetensors(dir / "run/checkpoints/step_00000008/model.safetensors");
     ASSERT_EQ(reached.size(), expected.size());
     for (const auto& [name, tensor] : expected)
-      EXPECT_LE(relative_error(reached.at(name), tensor), 1e-6) << name;
+      EXPECT_LE(relative_error(reached.at(name), tensor), 1e-5) << name;
   }
 }
 

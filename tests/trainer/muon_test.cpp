@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include "model/safetensors.h"
@@ -94,6 +95,7 @@ TEST(Muon, StackedMatricesEachStepAsAlone) {
   const at::Tensor whole = matrix_with_grad(weight, grad);
   const at::Tensor whole_momentum = momentum.clone();
   MuonUpdate as_one({});
+  EXPECT_THROW(as_one.add(whole, whole_momentum, {48, 16}), std::logic_error);
   as_one.add(whole, whole_momentum, {80});
   as_one.step(0.02, at::zeros({}));
   EXPECT_GT(relative_error(whole.detach() - weight, stacked.detach() - weight), 0.1);

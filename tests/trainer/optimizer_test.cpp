@@ -6,7 +6,9 @@
 #include <cmath>
 #include <map>
 #include <numbers>
+#include <vector>
 
+#include "common/error.h"
 #include "dist/communicator.h"
 #include "model/hf_state_dict.h"
 #include "model/llama.h"
@@ -15,6 +17,7 @@
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/lr_schedule.h"
+#include "trainer/optim/muon_optimizer.h"
 #include "trainer/optim/replicated_adamw.h"
 #include "trainer/run/train_step.h"
 
@@ -108,6 +111,58 @@ TEST(AdamW, AFusedParameterKeepsItsStateByPart) {
   loaded.load_state(by_parameter, "optimizer.safetensors");
   for (const auto& [name, tensor] : loaded.state())
     EXPECT_TRUE(at::equal(tensor, by_parameter.at(name))) << name;
+
+  // A part missing from the file is named, and nothing of the other parts is loaded.
+  AdamW untouched({NamedParameter{stacked.name, at::zeros({6, 5}), stacked.parts}}, AdamWOptions{});
+  OptimizerState without_bottom = by_parameter;
+  without_bottom.erase("bottom.exp_avg_sq");
+  try {
+    untouched.load_state(without_bottom, "optimizer.safetensors");
+    ADD_FAILURE() << "a missing part loaded";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "optimizer.safetensors: optimizer state bottom.exp_avg_sq is missing");
+  }
+  for (const auto& [name, tensor] : untouched.state())
+    EXPECT_EQ(tensor.count_nonzero().item<int64_t>(), 0) << name;
+}
+
+// Muon's momentum of a fused parameter is saved and loaded by part too; a missing part is named
+// before anything changes.
+TEST(MuonOptimizer, AFusedParameterKeepsItsMomentumByPart) {
+  const World world;
+  const auto communicator = make_communicator(world);
+  DataParallelOptions options;
+  options.muon = MuonOptions{};
+  const auto fused = [] {
+    return NamedParameter{.name = "model.layers.0.self_attn.qkv_proj.weight",
+                          .tensor = at::zeros({12, 8}).requires_grad_(true),
+                          .parts = {{.name = "q", .first_row = 0, .rows = 8},
+                                    {.name = "k", .first_row = 8, .rows = 2},
+                                    {.name = "v", .first_row = 10, .rows = 2}}};
+  };
+  MuonOptimizer optimizer({fused()}, *communicator, options);
+  const OptimizerState state = optimizer.state();
+  EXPECT_EQ(state.size(), 3u);
+  EXPECT_EQ(state.at("k.momentum").sizes(), (std::vector<int64_t>{2, 8}));
+
+  OptimizerState saved;
+  for (const auto& [name, tensor] : state) saved.emplace(name, at::full_like(tensor, 1.0));
+  saved.at("v.momentum").fill_(2.0);
+  MuonOptimizer loaded({fused()}, *communicator, options);
+  loaded.load_state(saved, "optimizer.safetensors");
+  EXPECT_TRUE(at::equal(loaded.state().at("v.momentum"), saved.at("v.momentum")));
+  EXPECT_TRUE(at::equal(loaded.state().at("q.momentum"), saved.at("q.momentum")));
+
+  saved.erase("k.momentum");
+  MuonOptimizer untouched({fused()}, *communicator, options);
+  try {
+    untouched.load_state(saved, "optimizer.safetensors");
+    ADD_FAILURE() << "a missing part loaded";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "optimizer state k.momentum is missing");
+  }
+  EXPECT_EQ(untouched.state().at("q.momentum").count_nonzero().item<int64_t>(), 0);
 }
 
 // An update before the gradients are averaged would step each rank on its own gradients.

@@ -120,14 +120,19 @@ void add_by_part(OptimizerState& state, const NamedParameter& parameter, const a
     state.emplace(part.name + std::string(suffix), part_of(tensor, part));
 }
 
-at::Tensor saved_by_part(const OptimizerState& saved, const NamedParameter& parameter,
-                         std::string_view suffix, const std::string& source) {
-  std::vector<at::Tensor> parts;
+void check_saved_parts(const OptimizerState& saved, const NamedParameter& parameter,
+                       std::string_view suffix, const std::string& source) {
   for (const ParameterPart& part : parameter.parts) {
-    parts.push_back(saved_entry(saved, part.name + std::string(suffix),
-                                part_of(parameter.tensor, part).sizes(), source));
+    saved_entry(saved, part.name + std::string(suffix), part_of(parameter.tensor, part).sizes(),
+                source);
   }
-  return parts.size() == 1 ? parts.front() : at::cat(parts);
+}
+
+void copy_saved_parts(const OptimizerState& saved, const NamedParameter& parameter,
+                      std::string_view suffix, const at::Tensor& destination) {
+  at::NoGradGuard no_grad;
+  for (const ParameterPart& part : parameter.parts)
+    part_of(destination, part).copy_(saved.at(part.name + std::string(suffix)));
 }
 
 }  // namespace mltrain

@@ -106,9 +106,14 @@ const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& na
 void add_by_part(OptimizerState& state, const NamedParameter& parameter, const at::Tensor& tensor,
                  std::string_view suffix);
 
-// The saved "<part><suffix>" of each of `parameter`'s parts, joined into one tensor of the
-// parameter's shape; each is checked as saved_entry checks it.
-at::Tensor saved_by_part(const OptimizerState& saved, const NamedParameter& parameter,
-                         std::string_view suffix, const std::string& source);
+// Checks, as saved_entry does, that `saved` holds "<part><suffix>" of each of `parameter`'s parts
+// in the part's shape.
+void check_saved_parts(const OptimizerState& saved, const NamedParameter& parameter,
+                       std::string_view suffix, const std::string& source);
+
+// Copies each of `parameter`'s saved "<part><suffix>" into its rows of `destination`, a tensor of
+// the parameter's shape: no part is joined to another on the way.
+void copy_saved_parts(const OptimizerState& saved, const NamedParameter& parameter,
+                      std::string_view suffix, const at::Tensor& destination);
 
 }  // namespace mltrain

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -32,6 +34,8 @@ double muon_update_scale(int64_t rows, int64_t cols) {
 
 void MuonUpdate::add(const at::Tensor& weight, const at::Tensor& momentum,
                      std::vector<int64_t> rows) {
+  if (std::accumulate(rows.begin(), rows.end(), int64_t{0}) != weight.size(0))
+    throw std::logic_error("MuonUpdate: the matrices' rows do not add up to the parameter's");
   entries_.push_back({weight, momentum, std::move(rows)});
 }
 

@@ -100,13 +100,11 @@ OptimizerState MuonOptimizer::state() const {
 
 void MuonOptimizer::load_state(const OptimizerState& saved, const std::string& source) {
   // Everything is checked before anything changes.
-  std::vector<at::Tensor> momenta;
   for (const Matrix& matrix : matrices_)
-    momenta.push_back(saved_by_part(saved, matrix.parameter, ".momentum", source));
+    check_saved_parts(saved, matrix.parameter, ".momentum", source);
   adamw_.load_state(saved, source);
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < matrices_.size(); ++i)
-    if (owns(matrices_[i])) at::Tensor(matrices_[i].momentum).copy_(momenta[i]);
+  for (const Matrix& matrix : matrices_)
+    if (owns(matrix)) copy_saved_parts(saved, matrix.parameter, ".momentum", matrix.momentum);
 }
 
 int64_t MuonOptimizer::state_bytes() const {

@@ -20,11 +20,12 @@ bool updated_by_muon(const NamedParameter& parameter);
 // a communicator. The gradients are all-reduced while backward runs, as for replicated AdamW, so
 // every rank holds the whole averaged gradient of every matrix, which Muon needs whole.
 //
-// With `options.zero1` (dist.zero_stage 1) the state of the matrices is sharded by matrix, as
-// Muon's orthogonalisation needs each matrix whole: each matrix has one owner rank, which alone
-// keeps its momentum and takes its update, and then every matrix is broadcast from its owner. The
-// matrices are dealt largest first, each to the rank that owns the fewest elements so far. AdamW's
-// state of the rest (the embedding, the norms) stays whole on every rank.
+// With `options.zero1` (dist.zero_stage 1) the state of the matrices is sharded by parameter, as
+// Muon's orthogonalisation needs each matrix whole: each parameter (a fused projection with all
+// its matrices) has one owner rank, which alone keeps its momentum and takes its update, and then
+// every parameter is broadcast from its owner. The parameters are dealt largest first, each to the
+// rank that owns the fewest elements so far. AdamW's state of the rest (the embedding, the norms)
+// stays whole on every rank.
 //
 // The state, as a checkpoint holds it whatever the ranks: AdamW's entries of its parameters
 // (adamw.h), and "<part>.momentum" of each matrix.

@@ -170,7 +170,7 @@ void Zero1AdamW::load_state(const OptimizerState& saved, const std::string& sour
   std::string first_step;  // any part's: every parameter takes every step
   for (const NamedParameter& parameter : named_) {
     for (const char* suffix : {".exp_avg", ".exp_avg_sq"})
-      saved_by_part(saved, parameter, suffix, source);
+      check_saved_parts(saved, parameter, suffix, source);
     for (const ParameterPart& part : parameter.parts) {
       saved_entry(saved, part.name + ".step", {}, source);
       if (first_step.empty()) first_step = part.name + ".step";
@@ -184,8 +184,9 @@ void Zero1AdamW::load_state(const OptimizerState& saved, const std::string& sour
       const at::Tensor whole =
           at::zeros({bucket.layout.elements}, moment.options().device(at::kCPU));
       for (size_t k = 0; k < bucket.layout.members.size(); ++k) {
-        const at::Tensor value = saved_by_part(saved, member(bucket, k), suffix, source);
-        whole.narrow(0, bucket.layout.offsets[k], value.numel()).copy_(value.flatten());
+        const NamedParameter& parameter = member(bucket, k);
+        copy_saved_parts(saved, parameter, suffix,
+                         bucket.layout.member_view(whole, k, parameter.tensor.sizes()));
       }
       at::Tensor(moment).copy_(whole.narrow(0, part.begin, moment.numel()));
     }

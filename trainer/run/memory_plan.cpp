@@ -26,17 +26,18 @@ constexpr double kCudaRuntimeBytes = 1'000'000'000;
 int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
   const int64_t d = model.d_model;
   const int64_t q = model.n_q_heads * model.head_dim;
-  // Keys and values as attention saves them: repeated to every query head where it needs that.
-  const int64_t kv = path.repeated_kv ? q : model.n_kv_heads * model.head_dim;
+  const int64_t kv = model.n_kv_heads * model.head_dim;
   const int64_t f = model.d_ffn;
   const int64_t statistics = 4 * (2 + model.n_q_heads);  // two norms' rstd, attention's logsumexp
-  // Both: q, k, v and the attention output, which wo reads as it is (2q + 2kv).
+  // Both: the rotated q, k and v (one tensor) and the attention output, which wo reads as it is
+  // (2q + 2kv); where attention takes keys and values repeated to every query head, those copies
+  // too (2q), while its query, a view, keeps the rotated tensor whole.
+  const int64_t attention = 2 * q + 2 * kv + (path.repeated_kv ? 2 * q : 0);
   if (!path.bf16) {
     // fp32, fused: the two norms' inputs and outputs (4d), SwiGLU's gate and up, and its output
     // (3f). The ATen compositions keep a norm's fp32 copy of its input too (6d) and SwiGLU's
     // silu(gate) (4f).
-    return 4 * (path.fused_layers ? 4 * d + 2 * q + 2 * kv + 3 * f
-                                  : 6 * d + 2 * q + 2 * kv + 4 * f) +
+    return 4 * (path.fused_layers ? 4 * d + attention + 3 * f : 6 * d + attention + 4 * f) +
            statistics;
   }
   // bf16 autocast: the residual stream and the norms' inputs stay fp32 (2 x 4d), and each product
@@ -44,8 +45,7 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
   // output, the fused gate and up product of the feed-forward norm's (2 x 2d); gate, up and
   // SwiGLU's output in bf16 (3 x 2f). The ATen compositions keep the norms' fp32 copies too
   // (2 x 4d) and silu(gate) (2f).
-  const int64_t attention = 2 * (2 * q + 2 * kv);
-  return (path.fused_layers ? 12 * d + 6 * f : 20 * d + 8 * f) + attention + statistics;
+  return (path.fused_layers ? 12 * d + 6 * f : 20 * d + 8 * f) + 2 * attention + statistics;
 }
 
 // Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient
@@ -140,10 +140,12 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
 }
 
 // optim.name muon (trainer/optim/muon_optimizer.h): one momentum per block matrix, and AdamW's two
-// moments of the rest, which stay whole on every rank when sharded; the matrices are sharded
-// whole, so an owner's share is at most an even share plus the largest matrix. The gradients are
-// all-reduced whole, with no averaged part. The Newton-Schulz iterations of one matrix at a time
-// take its gradient's and momentum's temporaries and two Gram matrices of its shorter side.
+// moments of the rest, which stay whole on every rank when sharded; the parameters are sharded
+// whole (a fused projection with all its matrices), so an owner's share is at most an even share
+// plus the largest parameter, the fused gate and up or q, k and v. The gradients are all-reduced
+// whole, with no averaged part. The update of one parameter at a time takes temporaries of its
+// size (its gradient's and momentum's, the stacked orthogonalised matrices) and the two Gram
+// matrices of one matrix's shorter side.
 void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
   const ModelConfig& model = config.model;
   const auto values = static_cast<double>(plan.parameters);
@@ -151,9 +153,9 @@ void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
   const auto count = [](int64_t value) { return static_cast<double>(value); };
   const double matrices =
       count(model.n_layers) * count(model.block_parameters() - 2 * model.d_model);
-  const double largest =
-      count(model.d_model) * count(std::max({model.n_q_heads * model.head_dim,
-                                             model.n_kv_heads * model.head_dim, model.d_ffn}));
+  const double largest = count(model.d_model) *
+                         count(std::max({(model.n_q_heads + 2 * model.n_kv_heads) * model.head_dim,
+                                         2 * model.d_ffn, model.n_q_heads * model.head_dim}));
   const double rest = values - matrices;
   plan.optimizer_unsharded = 8 * rest + 4 * matrices;
   plan.optimizer_sharded = 8 * rest + 4 * std::min(matrices, std::ceil(matrices / ranks) + largest);
