@@ -29,6 +29,13 @@ AutocastRegion::~AutocastRegion() {
   put_in_force(previous_);
 }
 
+// Autocast drops its cache when the outermost region ends; this counts as one.
+WeightCastCache::WeightCastCache() { at::autocast::increment_nesting(); }
+
+WeightCastCache::~WeightCastCache() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
+
 AutocastGuard::AutocastGuard(c10::Device device, bool enabled) {
   if (enabled) {
     region_.emplace(AutocastSettings{device.type(), true, at::kBFloat16,

@@ -46,4 +46,19 @@ class AutocastGuard {
   std::optional<AutocastRegion> region_;  // none when not enabled
 };
 
+// Keeps autocast's casts of the weights from one autocast region to the next while it lives, and
+// drops them when it ends. Held over the micro-steps of one optimizer step, it makes one bf16
+// cast of each weight serve every micro-step's forward pass, where each AutocastGuard alone would
+// cast them again: the weights do not change until the optimizer steps, after it ends. (The cached
+// cast's autograd node holds no tensor, so each micro-step's backward runs through it again.) The
+// casts then live through backward: not for activation checkpointing, which frees them to save
+// memory and recomputes on autograd's own threads on CUDA, whose regions would drop the cache.
+class WeightCastCache {
+ public:
+  WeightCastCache();
+  ~WeightCastCache();
+  WeightCastCache(const WeightCastCache&) = delete;
+  WeightCastCache& operator=(const WeightCastCache&) = delete;
+};
+
 }  // namespace mltrain

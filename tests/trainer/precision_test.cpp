@@ -3,11 +3,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/llama.h"
+#include "tests/model/tiny_config.h"
 
 namespace mltrain {
 namespace {
@@ -34,6 +41,71 @@ TEST(AutocastGuard, DisabledGuardChangesNothing) {
   AutocastGuard guard(c10::Device(c10::kCPU), /*enabled=*/false);
   EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCPU));
   EXPECT_EQ(at::matmul(a, a).scalar_type(), at::kFloat);
+}
+
+// The casts (aten::_to_copy) that run on this thread while a counter lives.
+class CastCounter {
+ public:
+  CastCounter() : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&observe))) {
+    casts_ = 0;
+  }
+  ~CastCounter() { at::removeCallback(handle_); }
+  CastCounter(const CastCounter&) = delete;
+  CastCounter& operator=(const CastCounter&) = delete;
+  int64_t casts() const { return casts_; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> observe(const at::RecordFunction& function) {
+    if (std::string_view(function.name()) == "aten::_to_copy") ++casts_;
+    return nullptr;
+  }
+  static thread_local int64_t casts_;
+  at::CallbackHandle handle_;
+};
+thread_local int64_t CastCounter::casts_ = 0;
+
+// Under bf16 autocast each micro-step's forward casts every weight its products read again; with a
+// WeightCastCache over the micro-steps the later ones cast none of them (the 4 projections of each
+// block and the tied output weight), and their gradients are those of casting anew, bit for bit.
+// Once the cache ends, a forward casts them again.
+TEST(WeightCastCache, CastsTheWeightsOnceForTheMicroStepsItSpans) {
+  at::manual_seed(7);
+  const ModelConfig config = testing::tiny_config();
+  Llama model(config, Kernels::aten);
+  const at::Tensor tokens = at::randint(config.vocab_size, {2, 9});
+  const auto micro_step = [&] {
+    const CastCounter counter;
+    at::Tensor loss;
+    {
+      const AutocastGuard autocast(c10::Device(c10::kCPU), /*enabled=*/true);
+      loss = model->loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8));
+    }
+    loss.backward();
+    return counter.casts();
+  };
+  const auto gradients = [&] {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& parameter : model->parameters())
+      grads.push_back(parameter.grad().clone());
+    model->zero_grad();
+    return grads;
+  };
+
+  const int64_t casts = micro_step();
+  EXPECT_EQ(micro_step(), casts);
+  const std::vector<at::Tensor> cast_anew = gradients();
+  int64_t first = 0;
+  int64_t second = 0;
+  {
+    const WeightCastCache cache;
+    first = micro_step();
+    second = micro_step();
+  }
+  EXPECT_EQ(first, casts);
+  EXPECT_EQ(casts - second, 4 * config.n_layers + 1);
+  const std::vector<at::Tensor> cast_once = gradients();
+  for (size_t i = 0; i < cast_anew.size(); ++i) EXPECT_TRUE(at::equal(cast_once[i], cast_anew[i]));
+  EXPECT_EQ(micro_step(), casts) << "the cache outlived its scope";
 }
 
 TEST(Bf16Autocast, FollowsTrainPrecision) {

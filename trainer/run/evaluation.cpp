@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "data/loader.h"
+#include "model/autocast_region.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint/checkpoint_store.h"
@@ -23,6 +24,7 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
                     int64_t eval_batches, c10::Device device, bool bf16, Communicator& communicator,
                     std::optional<int64_t> document_start) {
   at::NoGradGuard no_grad;
+  const WeightCastCache casts;  // under bf16 autocast, one cast of the weights for every batch
   model->eval();
   double loss_sum = 0.0;
   int64_t tokens = 0;

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <optional>
+
 #include "model/autocast_region.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/lr_schedule.h"
@@ -96,13 +98,19 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   result.step = step;
 
   // Loss and backward of each micro-batch. The gradients accumulate; the last backward also
-  // averages them over the ranks, as far as it can while it runs.
+  // averages them over the ranks, as far as it can while it runs. Under bf16 autocast the weights
+  // are cast once for all the micro-batches, except with activation checkpointing, which keeps
+  // the casts of one block at a time to save memory (the memory plan counts on that).
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
-  for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
-    parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
-    const DeviceWindows windows = next_windows(parts, step);
-    loss += forward_backward(parts.model, windows.tokens, parts.grad_accum, parts.device,
-                             parts.bf16, windows.documents);
+  {
+    std::optional<WeightCastCache> casts;
+    if (!parts.model->activation_checkpointing()) casts.emplace();
+    for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
+      parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
+      const DeviceWindows windows = next_windows(parts, step);
+      loss += forward_backward(parts.model, windows.tokens, parts.grad_accum, parts.device,
+                               parts.bf16, windows.documents);
+    }
   }
 
   const ReducedGradients gradients = reduce(parts, loss, result);
