@@ -18,23 +18,20 @@ AutocastSettings AutocastSettings::now(c10::DeviceType device_type) {
           at::autocast::get_autocast_dtype(device_type), at::autocast::is_autocast_cache_enabled()};
 }
 
-AutocastRegion::AutocastRegion(const AutocastSettings& settings)
-    : previous_(AutocastSettings::now(settings.device_type)) {
-  put_in_force(settings);
-  at::autocast::increment_nesting();
-}
-
-AutocastRegion::~AutocastRegion() {
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  put_in_force(previous_);
-}
-
-// Autocast drops its cache when the outermost region ends; this counts as one.
+// Autocast drops its cache when the outermost region ends; each of these counts as one.
 WeightCastCache::WeightCastCache() { at::autocast::increment_nesting(); }
 
 WeightCastCache::~WeightCastCache() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 }
+
+AutocastRegion::AutocastRegion(const AutocastSettings& settings)
+    : previous_(AutocastSettings::now(settings.device_type)) {
+  put_in_force(settings);
+}
+
+// The caller's settings come back first, then casts_ ends (and drops the cache if outermost).
+AutocastRegion::~AutocastRegion() { put_in_force(previous_); }
 
 AutocastGuard::AutocastGuard(c10::Device device, bool enabled) {
   if (enabled) {

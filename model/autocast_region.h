@@ -19,33 +19,6 @@ struct AutocastSettings {
   static AutocastSettings now(c10::DeviceType device_type);
 };
 
-// `settings` in force while it lives, and the caller's again when it ends. As at torch.autocast's
-// exit, the outermost region to end drops the cache of casted weights: outside autocast nothing
-// else would, and the copies would outlive the optimizer step that makes them stale.
-class AutocastRegion {
- public:
-  explicit AutocastRegion(const AutocastSettings& settings);
-  ~AutocastRegion();
-  AutocastRegion(const AutocastRegion&) = delete;
-  AutocastRegion& operator=(const AutocastRegion&) = delete;
-
- private:
-  AutocastSettings previous_;
-};
-
-// Mixed precision for the forward pass: with train.precision bf16, matmuls and attention run in
-// bf16 under autocast while the weights, the optimizer state and the loss stay fp32. Constructed
-// around the forward pass only (backward replays the recorded dtypes), it enables autocast for the
-// device with an explicit dtype and, when it ends, restores the previous state and clears the
-// autocast cache of casted weights, which are stale once the optimizer steps.
-class AutocastGuard {
- public:
-  AutocastGuard(c10::Device device, bool enabled);
-
- private:
-  std::optional<AutocastRegion> region_;  // none when not enabled
-};
-
 // Keeps autocast's casts of the weights from one autocast region to the next while it lives, and
 // drops them when it ends. Held over the micro-steps of one optimizer step, it makes one bf16
 // cast of each weight serve every micro-step's forward pass, where each AutocastGuard alone would
@@ -59,6 +32,35 @@ class WeightCastCache {
   ~WeightCastCache();
   WeightCastCache(const WeightCastCache&) = delete;
   WeightCastCache& operator=(const WeightCastCache&) = delete;
+};
+
+// `settings` in force while it lives, and the caller's again when it ends. As at torch.autocast's
+// exit, the outermost region (or WeightCastCache) to end drops the cache of casted weights:
+// outside autocast nothing else would, and the copies would outlive the optimizer step that makes
+// them stale.
+class AutocastRegion {
+ public:
+  explicit AutocastRegion(const AutocastSettings& settings);
+  ~AutocastRegion();
+  AutocastRegion(const AutocastRegion&) = delete;
+  AutocastRegion& operator=(const AutocastRegion&) = delete;
+
+ private:
+  AutocastSettings previous_;
+  WeightCastCache casts_;  // its casts, kept while it lives
+};
+
+// Mixed precision for the forward pass: with train.precision bf16, matmuls and attention run in
+// bf16 under autocast while the weights, the optimizer state and the loss stay fp32. Constructed
+// around the forward pass only (backward replays the recorded dtypes), it enables autocast for the
+// device with an explicit dtype and, when it ends, restores the previous state and clears the
+// autocast cache of casted weights, which are stale once the optimizer steps.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::Device device, bool enabled);
+
+ private:
+  std::optional<AutocastRegion> region_;  // none when not enabled
 };
 
 }  // namespace mltrain
