@@ -11,7 +11,7 @@ banned=(
   'std::ifstream|YAML::LoadFile|(\.|->)Load[[:space:]]*\(%%'"$product"'%%opens whatever a path names, and a named pipe blocks it for ever: read a given file through common/input_file.h (InputFile, read_text_file)'
 )
 
-mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' \
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' \
                        | sort -u | while read -r f; do [[ -f $f ]] && echo "$f"; done)
 violations=0
 for rule in "${banned[@]}"; do

@@ -19,7 +19,8 @@ check() {
   forbidden=$(IFS='|'; echo "$*")
   local files hits hit
   # Tracked files and new ones not yet added, so that the check runs before a commit too.
-  mapfile -t files < <(git ls-files --cached --others --exclude-standard "$folder/*.h" "$folder/*.cpp" \
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard \
+                         "$folder/*.h" "$folder/*.cpp" "$folder/*.cu" \
                          | sort -u | while read -r f; do [[ -f $f ]] && echo "$f"; done)
   ((${#files[@]} > 0)) || return 0
   hits=$(grep -nE "^[[:space:]]*#[[:space:]]*include[[:space:]]+\"($forbidden)/" "${files[@]}" /dev/null || true)

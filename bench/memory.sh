@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Peak memory per rank of mltrain training the base model, with its own kernels and the chunked
-# loss (train.kernels=fused, the default: the loss goes through the output projection in chunks,
-# so a step never holds the full [B, T, V] fp32 logits) against the plain ATen layers
-# (train.kernels=aten, full logits), at each of a few batches: the peak and the drop, in a
-# markdown table on stdout. It exits 1 when a run has no result.
+# loss (train.kernels=fused, as the default auto on the CPU: the loss goes through the output
+# projection in chunks, so a step never holds the full [B, T, V] fp32 logits) against the plain
+# ATen layers (train.kernels=aten, full logits), at each of a few batches: the peak and the drop,
+# in a markdown table on stdout. It exits 1 when a run has no result.
 #
 #   bench/memory.sh [--device cpu|cuda] [--model base|small] [--ranks R] [--steps N] [--log FILE]
 #

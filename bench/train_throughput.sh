@@ -26,7 +26,9 @@
 #   BENCH_SEQ_LEN, BENCH_MICRO_BATCH, BENCH_GRAD_ACCUM  another batch than the model's default
 #   BENCH_THREADS    CPU intra-op threads of every run (default: all cores)
 #   BENCH_VARIANTS   which to run (default "mltrain eager compile"); "masked" is mltrain with
-#                    data.document_masking, reported against mltrain as masked/mltrain
+#                    data.document_masking, reported against mltrain as masked/mltrain; "fused" is
+#                    mltrain with train.kernels=fused_cuda, its CUDA kernels on a GPU (mltrain is
+#                    train.kernels=auto, the ATen layers there), reported against both
 #   BENCH_BUDGET_S   seconds for the whole benchmark: runs are cut off there (default: no limit)
 #   BENCH_DATA       shards mltrain reads (default bench/gpu-packages/shards, else data/demo);
 #                    the reference draws random tokens
@@ -157,6 +159,7 @@ measure() {
   case $variant in
     mltrain) output=$(run_mltrain 2>&1) || rc=$? ;;
     masked) output=$(run_mltrain data.document_masking=true 2>&1) || rc=$? ;;
+    fused) output=$(run_mltrain train.kernels=fused_cuda 2>&1) || rc=$? ;;
     eager | compile) output=$(run_reference "$variant" 2>&1) || rc=$? ;;
     *) echo "unknown variant $variant in BENCH_VARIANTS" >&2; exit 2 ;;
   esac
@@ -203,14 +206,15 @@ done
 "$python" - "$model" "$device" "$precision" "$tokens_per_step" "$steps" "$warmup" "$threads" \
   "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" "${dims[*]}" \
   "$seq_len" "$matmul_flops" "$matmul_source" "$loader" "$outside" "$peak_memory" \
-  "${rates[masked]:-}" "$tied" \
+  "${rates[masked]:-}" "$tied" "${rates[fused]:-}" \
   <<'EOF' | tee -a "$log"
 import statistics, sys
 model, device, precision, tokens, steps, warmup, threads, variants = sys.argv[1:9]
-names = ["mltrain", "PyTorch eager", "PyTorch torch.compile", "mltrain, document masking"]
-variant_of = dict(zip(names, ["mltrain", "eager", "compile", "masked"]))
+names = ["mltrain", "PyTorch eager", "PyTorch torch.compile", "mltrain, document masking",
+         "mltrain, train.kernels=fused_cuda"]
+variant_of = dict(zip(names, ["mltrain", "eager", "compile", "masked", "fused"]))
 runs = {name: [float(x) for x in values.split()]
-        for name, values in zip(names, sys.argv[9:12] + sys.argv[19:20])
+        for name, values in zip(names, sys.argv[9:12] + sys.argv[19:20] + sys.argv[21:22])
         if variant_of[name] in variants.split()}
 V, d, L, H, KV, D, F = (int(x) for x in sys.argv[12].split())
 T = int(sys.argv[13])
@@ -260,6 +264,12 @@ if peaks.get("mltrain") and peaks.get("compile"):
     ratios.append(f"peak memory mltrain/compile: {peaks['mltrain'] / peaks['compile']:.2f}x")
 if "mltrain" in medians and names[3] in medians:
     ratios.append(f"masked/mltrain: {medians[names[3]] / medians['mltrain']:.3f}x")
+if names[4] in medians:
+    ratios += [f"fused/{short}: {medians[names[4]] / medians[other]:.2f}x"
+               for short, other in [("mltrain", "mltrain"), ("compile", names[2])]
+               if other in medians]
+if peaks.get("fused") and peaks.get("compile"):
+    ratios.append(f"peak memory fused/compile: {peaks['fused'] / peaks['compile']:.2f}x")
 print("\n" + ("; ".join(ratios) if ratios else "no ratio: mltrain or both references have no result"))
 print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len = "
       f"6 x {N:,} + 12 x {L} x {H} x {D} x {T} = {flops_per_token / 1e6:,.1f} MFLOP; N is every "

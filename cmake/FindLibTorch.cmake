@@ -45,13 +45,19 @@ if(_torch_cuda)
                           "installs the one pinned with the wheel, or name one with -DCMAKE_CUDA_COMPILER=")
     endif()
   endif()
-  # Torch's config enables CUDA to describe its libraries; we compile no CUDA ourselves. Naming the
-  # architectures spares it probing for a GPU (there is none on build machines), and CMake 3.25
-  # knows no CUDA dialect past C++17.
+  # Naming the architectures spares torch's config probing for a GPU (there is none on build
+  # machines), and CMake 3.25 knows no CUDA dialect past C++17. Torch's config turns the list into
+  # the -gencode flags of every CUDA source (and CMAKE_CUDA_ARCHITECTURES off): mltrain's own
+  # kernels (model/cuda_launch.cu) are machine code for Ampere and Hopper, and PTX that newer GPUs
+  # compile when they load it. They link the CUDA runtime LibTorch loads (shared), so that they
+  # launch on the streams it makes.
   set(CMAKE_CUDA_STANDARD 17)
   if(NOT TORCH_CUDA_ARCH_LIST)
-    set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+    set(TORCH_CUDA_ARCH_LIST "8.0;9.0+PTX")
   endif()
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  enable_language(CUDA)
+  set(MLTRAIN_CUDA_KERNELS ON)
   find_package(CUDAToolkit REQUIRED)
   string(REGEX MATCH "^[0-9]+" _wheel_cuda_major "${_torch_cuda}")
   if(NOT _wheel_cuda_major STREQUAL CUDAToolkit_VERSION_MAJOR)

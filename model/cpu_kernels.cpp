@@ -4,17 +4,17 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <c10/util/BFloat16.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "model/fused_function.h"
 
 // The kernels are built on ATen's AVX2 vector types whatever flags the rest of the project is
 // compiled with (x86-64 baseline, where at::vec falls back to scalar loops and scalar expf, slower
@@ -48,6 +48,9 @@
 #define CPU_CAPABILITY_AVX2
 #endif
 #include <ATen/cpu/vec/vec.h>
+
+// Inside the region too: its templates take their target from here (see glue_math.h).
+#include "model/glue_math.h"
 
 namespace mltrain {
 namespace {
@@ -128,6 +131,18 @@ Vec round_to(const Vec& v) {
   }
 }
 
+// glue_math.h's device-dependent parts, on at::vec lanes.
+struct LaneMath {
+  // The exp ATen's softmax takes: a third faster than SLEEF's, whose cost dominates SwiGLU, and as
+  // exact in its results (a few 1e-8).
+  static Vec exp(const Vec& x) { return x.exp_u20(); }
+  static float sqrt(float x) { return std::sqrt(x); }
+  template <typename T>
+  static Vec round(const Vec& v) {
+    return round_to<T>(v);
+  }
+};
+
 // Lane by lane in a fixed order: the same sum on every thread.
 inline float sum_lanes(const Vec& v) {
   __at_align__ float lanes[kLanes];
@@ -139,9 +154,9 @@ inline float sum_lanes(const Vec& v) {
 
 // ---- the kernels: raw rows in, raw rows out ----
 
-template <typename T>
-void rms_norm_rows(const T* x, const float* weight, float eps, int64_t rows, int64_t dim,
-                   float* out, float* rstd) {
+template <typename T, typename Out>
+void rms_norm_rows(const T* x, const float* weight, float eps, int64_t rows, int64_t dim, Out* out,
+                   float* rstd) {
   at::parallel_for(0, rows, row_grain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * dim;
@@ -150,22 +165,21 @@ void rms_norm_rows(const T* x, const float* weight, float eps, int64_t rows, int
         const Vec v = load(xr + i, std::min(kLanes, dim - i));
         squares = squares + v * v;
       }
-      // As the composition: mean, + eps in fp32, then 1 / sqrt.
-      const float inv = 1.0f / std::sqrt(sum_lanes(squares) / static_cast<float>(dim) + eps);
+      const float inv = glue::rms_norm_rstd<LaneMath>(sum_lanes(squares), dim, eps);
       rstd[r] = inv;
       for (int64_t i = 0; i < dim; i += kLanes) {
         const int64_t n = std::min(kLanes, dim - i);
-        store(round_to<T>(load(xr + i, n) * Vec(inv)) * load(weight + i, n), out + r * dim + i, n);
+        store(glue::rms_norm_output<LaneMath, T>(load(xr + i, n), Vec(inv), load(weight + i, n)),
+              out + r * dim + i, n);
       }
     }
   });
 }
 
-// grad_x = rstd * gn - rstd^3 * mean(gn * x) * x with gn = grad * weight, in fp32. The weight's
-// gradient, sum(grad * normed) over rows, goes through partials [blocks, dim], one per block of
-// kRowsPerBlock rows, zeroed by the caller, then summed column by column in block order.
-template <typename T>
-void rms_norm_backward_rows(const float* grad, const T* x, const float* weight, const float* rstd,
+// The weight's gradient, sum(grad * normed) over rows, goes through partials [blocks, dim], one per
+// block of kRowsPerBlock rows, zeroed by the caller, then summed column by column in block order.
+template <typename T, typename G>
+void rms_norm_backward_rows(const G* grad, const T* x, const float* weight, const float* rstd,
                             int64_t rows, int64_t dim, T* grad_x, float* partials,
                             float* grad_weight) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -173,7 +187,7 @@ void rms_norm_backward_rows(const float* grad, const T* x, const float* weight, 
     for (int64_t b = begin; b < end; ++b) {
       float* partial = partials + b * dim;
       for (int64_t r = b * kRowsPerBlock; r < std::min(rows, (b + 1) * kRowsPerBlock); ++r) {
-        const float* gr = grad + r * dim;
+        const G* gr = grad + r * dim;
         const T* xr = x + r * dim;
         const Vec inv(rstd[r]);
         Vec dot(0.0f);
@@ -181,13 +195,15 @@ void rms_norm_backward_rows(const float* grad, const T* x, const float* weight, 
           const int64_t n = std::min(kLanes, dim - i);
           dot = dot + load(gr + i, n) * load(weight + i, n) * load(xr + i, n);
         }
-        const Vec scale(rstd[r] * rstd[r] * rstd[r] * sum_lanes(dot) / static_cast<float>(dim));
+        const Vec scale(glue::rms_norm_backward_scale<LaneMath>(rstd[r], sum_lanes(dot), dim));
         for (int64_t i = 0; i < dim; i += kLanes) {
           const int64_t n = std::min(kLanes, dim - i);
           const Vec g = load(gr + i, n);
           const Vec xv = load(xr + i, n);
-          store(inv * (g * load(weight + i, n)) - scale * xv, grad_x + r * dim + i, n);
-          store(load(partial + i, n) + g * round_to<T>(xv * inv), partial + i, n);
+          store(glue::rms_norm_grad_input<LaneMath>(g, xv, load(weight + i, n), inv, scale),
+                grad_x + r * dim + i, n);
+          store(load(partial + i, n) + glue::rms_norm_grad_weight_term<LaneMath, T>(g, xv, inv),
+                partial + i, n);
         }
       }
     }
@@ -226,19 +242,13 @@ void rotate_rows(const T* x, const float* cos, const float* sin, int64_t rows, i
       T* o2 = o1 + half;
       for (int64_t i = 0; i < half; i += kLanes) {
         const int64_t n = std::min(kLanes, half - i);
-        const Vec a = load(x1 + i, n);
-        const Vec b = load(x2 + i, n);
-        const Vec c1 = load(c + i, n);
-        const Vec c2 = load(c + half + i, n);
-        const Vec s1 = load(s + i, n);
-        const Vec s2 = load(s + half + i, n);
-        if (inverse) {
-          store(a * c1 + b * s2, o1 + i, n);
-          store(b * c2 - a * s1, o2 + i, n);
-        } else {
-          store(a * c1 - b * s1, o1 + i, n);
-          store(b * c2 + a * s2, o2 + i, n);
-        }
+        Vec first;
+        Vec second;
+        glue::rotate_pair<LaneMath>(load(x1 + i, n), load(x2 + i, n), load(c + i, n),
+                                    load(s + i, n), load(c + half + i, n), load(s + half + i, n),
+                                    inverse, first, second);
+        store(first, o1 + i, n);
+        store(second, o2 + i, n);
       }
     }
   });
@@ -254,10 +264,7 @@ void swiglu_rows(const T* gate_up, int64_t rows, int64_t width, T* out) {
       T* o = out + r * width;
       for (int64_t i = 0; i < width; i += kLanes) {
         const int64_t n = std::min(kLanes, width - i);
-        const Vec g = load(gate + i, n);
-        // silu as ATen writes it, x / (1 + exp(-x)), with the exp ATen's softmax takes: a third
-        // faster than SLEEF's, whose cost dominates here, and as exact in the result (a few 1e-8).
-        store(g / (Vec(1.0f) + g.neg().exp_u20()) * load(up + i, n), o + i, n);
+        store(glue::swiglu_output<LaneMath>(load(gate + i, n), load(up + i, n)), o + i, n);
       }
     }
   });
@@ -268,7 +275,6 @@ template <typename T>
 void swiglu_backward_rows(const T* grad, const T* gate_up, int64_t rows, int64_t width,
                           T* grad_gate_up) {
   at::parallel_for(0, rows, row_grain(2 * width), [&](int64_t begin, int64_t end) {
-    const Vec one(1.0f);
     for (int64_t r = begin; r < end; ++r) {
       const T* dy_row = grad + r * width;
       const T* gate = gate_up + r * 2 * width;
@@ -277,11 +283,12 @@ void swiglu_backward_rows(const T* grad, const T* gate_up, int64_t rows, int64_t
       T* grad_up = grad_gate + width;
       for (int64_t i = 0; i < width; i += kLanes) {
         const int64_t n = std::min(kLanes, width - i);
-        const Vec dy = load(dy_row + i, n);
-        const Vec g = load(gate + i, n);
-        const Vec sigmoid = one / (one + g.neg().exp_u20());
-        store(dy * load(up + i, n) * sigmoid * (one + g * (one - sigmoid)), grad_gate + i, n);
-        store(dy * (g * sigmoid), grad_up + i, n);
+        Vec dgate;
+        Vec dup;
+        glue::swiglu_backward<LaneMath>(load(dy_row + i, n), load(gate + i, n), load(up + i, n),
+                                        dgate, dup);
+        store(dgate, grad_gate + i, n);
+        store(dup, grad_up + i, n);
       }
     }
   });
@@ -303,17 +310,7 @@ void swiglu_backward_rows(const T* grad, const T* gate_up, int64_t rows, int64_t
 namespace mltrain {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// The backward passes below are written as kernels, not as differentiable ATen ops: a backward
-// with create_graph would build no graph of them, and its second derivatives would be silently
-// wrong.
-void check_once_differentiable() {
-  TORCH_CHECK(!at::GradMode::is_enabled(),
-              "mltrain's fused kernels are differentiable once: backward with create_graph is not "
-              "supported (train.kernels: aten is)");
-}
+using fused_function::rows_of;
 
 // Where ATen runs its own AVX2 or AVX-512 kernels (so not under ATEN_CPU_CAPABILITY=default).
 bool kernels_run_here() {
@@ -338,141 +335,99 @@ void for_dtype(at::ScalarType dtype, const F& f) {
   }
 }
 
-// Whether autograd records the call: otherwise the kernels run without a node and keep nothing.
-bool records_graph(std::initializer_list<at::Tensor> inputs) {
-  if (!at::GradMode::is_enabled()) return false;
-  return std::any_of(inputs.begin(), inputs.end(),
-                     [](const at::Tensor& t) { return t.requires_grad(); });
-}
-
-void check_input(const char* kernel, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.defined() && t.device().is_cpu(), kernel, ": ", name,
-              " must be a CPU tensor; other devices run the ATen composition");
-  TORCH_CHECK(fused_kernels_support(t.scalar_type()), kernel, ": ", name, " is ", t.scalar_type(),
-              " on a CPU of capability ", at::get_cpu_capability(),
-              ": the fused kernels take Float and BFloat16 where ATen runs AVX2 or better");
-}
-
-int64_t rows_of(const at::Tensor& t) { return t.numel() == 0 ? 0 : t.numel() / t.size(-1); }
-
-// ---- RMSNorm ----
-
-// -> (output, rstd [rows])
-std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
-                                                   double eps) {
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor wc = weight.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
-  at::Tensor rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat));
-  for_dtype(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    rms_norm_rows(xc.const_data_ptr<T>(), wc.const_data_ptr<float>(), static_cast<float>(eps),
-                  rows_of(x), x.size(-1), out.data_ptr<float>(), rstd.data_ptr<float>());
-  });
-  return {out, rstd};
-}
-
-class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            double eps) {
-    auto [out, rstd] = rms_norm_forward(x, weight, eps);
-    ctx->save_for_backward({x, weight, rstd});
-    return out;
+// The kernels on tensors, for fused_function's entry points and autograd functions.
+struct CpuDevice {
+  static void check_input(const char* kernel, const char* name, const at::Tensor& t) {
+    TORCH_CHECK(t.defined() && t.device().is_cpu(), kernel, ": ", name,
+                " must be a CPU tensor; other devices run the ATen composition");
+    TORCH_CHECK(fused_kernels_support(t.scalar_type()), kernel, ": ", name, " is ", t.scalar_type(),
+                " on a CPU of capability ", at::get_cpu_capability(),
+                ": the fused kernels take Float and BFloat16 where ATen runs AVX2 or better");
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_once_differentiable();
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor x = saved[0].contiguous();
-    const at::Tensor weight = saved[1].contiguous();
-    const at::Tensor& rstd = saved[2];
-    const at::Tensor grad = grads[0].contiguous();
+  static std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x,
+                                                            const at::Tensor& weight, double eps,
+                                                            at::ScalarType out_dtype) {
+    const at::Tensor xc = x.contiguous();
+    const at::Tensor wc = weight.contiguous();
+    at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype));
+    at::Tensor rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat));
+    for_dtype(x.scalar_type(), [&](auto x_tag) {
+      for_dtype(out_dtype, [&](auto out_tag) {
+        using T = decltype(x_tag);
+        using Out = decltype(out_tag);
+        rms_norm_rows(xc.const_data_ptr<T>(), wc.const_data_ptr<float>(), static_cast<float>(eps),
+                      rows_of(x), x.size(-1), out.data_ptr<Out>(), rstd.data_ptr<float>());
+      });
+    });
+    return {out, rstd};
+  }
+
+  static std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad,
+                                                             const at::Tensor& x_in,
+                                                             const at::Tensor& weight_in,
+                                                             const at::Tensor& rstd) {
+    const at::Tensor x = x_in.contiguous();
+    const at::Tensor weight = weight_in.contiguous();
+    const at::Tensor g = grad.contiguous();
     const int64_t dim = x.size(-1);
     const int64_t rows = rows_of(x);
     at::Tensor grad_x = at::empty_like(x);
     at::Tensor grad_weight = at::zeros_like(weight);
-    if (rows == 0 || dim == 0) return {grad_x, grad_weight, at::Tensor()};
+    if (rows == 0 || dim == 0) return {grad_x, grad_weight};
     at::Tensor partials = at::zeros({(rows + kRowsPerBlock - 1) / kRowsPerBlock, dim}, at::kFloat);
+    for_dtype(x.scalar_type(), [&](auto x_tag) {
+      for_dtype(g.scalar_type(), [&](auto grad_tag) {
+        using T = decltype(x_tag);
+        using G = decltype(grad_tag);
+        rms_norm_backward_rows(g.const_data_ptr<G>(), x.const_data_ptr<T>(),
+                               weight.const_data_ptr<float>(), rstd.const_data_ptr<float>(), rows,
+                               dim, grad_x.data_ptr<T>(), partials.data_ptr<float>(),
+                               grad_weight.data_ptr<float>());
+      });
+    });
+    return {grad_x, grad_weight};
+  }
+
+  static at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t rotated_heads, bool inverse) {
+    const at::Tensor xc = x.contiguous();
+    const at::Tensor cc = cos.contiguous();
+    const at::Tensor sc = sin.contiguous();
+    at::Tensor out = at::empty(x.sizes(), x.options());
     for_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
-      rms_norm_backward_rows(grad.const_data_ptr<float>(), x.const_data_ptr<T>(),
-                             weight.const_data_ptr<float>(), rstd.const_data_ptr<float>(), rows,
-                             dim, grad_x.data_ptr<T>(), partials.data_ptr<float>(),
-                             grad_weight.data_ptr<float>());
+      rotate_rows(xc.const_data_ptr<T>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
+                  rows_of(x), x.size(2), rotated_heads, cos.numel() / x.size(3), x.size(3), inverse,
+                  out.data_ptr<T>());
     });
-    return {grad_x, grad_weight, at::Tensor()};
-  }
-};
-
-// ---- RoPE ----
-
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                  int64_t rotated_heads, bool inverse) {
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor cc = cos.contiguous();
-  const at::Tensor sc = sin.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  for_dtype(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    rotate_rows(xc.const_data_ptr<T>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
-                rows_of(x), x.size(2), rotated_heads, cos.numel() / x.size(3), x.size(3), inverse,
-                out.data_ptr<T>());
-  });
-  return out;
-}
-
-class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
-                            const at::Tensor& sin, int64_t rotated_heads) {
-    ctx->save_for_backward({cos, sin});
-    ctx->saved_data["rotated_heads"] = rotated_heads;
-    return rotate(x, cos, sin, rotated_heads, /*inverse=*/false);
+    return out;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_once_differentiable();
-    const variable_list tables = ctx->get_saved_variables();
-    const int64_t rotated_heads = ctx->saved_data["rotated_heads"].toInt();
-    return {rotate(grads[0], tables[0], tables[1], rotated_heads, /*inverse=*/true), at::Tensor(),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
-// ---- SwiGLU ----
-
-at::Tensor swiglu_forward(const at::Tensor& gate_up) {
-  const at::Tensor input = gate_up.contiguous();
-  const int64_t width = gate_up.size(-1) / 2;
-  std::vector<int64_t> sizes = gate_up.sizes().vec();
-  sizes.back() = width;
-  at::Tensor out = at::empty(sizes, gate_up.options());
-  for_dtype(gate_up.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    swiglu_rows(input.const_data_ptr<T>(), rows_of(gate_up), width, out.data_ptr<T>());
-  });
-  return out;
-}
-
-class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
-    ctx->save_for_backward({gate_up});
-    return swiglu_forward(gate_up);
+  static at::Tensor swiglu_forward(const at::Tensor& gate_up) {
+    const at::Tensor input = gate_up.contiguous();
+    const int64_t width = gate_up.size(-1) / 2;
+    std::vector<int64_t> sizes = gate_up.sizes().vec();
+    sizes.back() = width;
+    at::Tensor out = at::empty(sizes, gate_up.options());
+    for_dtype(gate_up.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      swiglu_rows(input.const_data_ptr<T>(), rows_of(gate_up), width, out.data_ptr<T>());
+    });
+    return out;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_once_differentiable();
-    const at::Tensor gate_up = ctx->get_saved_variables()[0].contiguous();
-    const at::Tensor grad = grads[0].contiguous();
+  static at::Tensor swiglu_backward(const at::Tensor& grad, const at::Tensor& gate_up_in) {
+    const at::Tensor gate_up = gate_up_in.contiguous();
+    // The output's gradient comes in the output's dtype, gate_up's.
+    const at::Tensor g = grad.to(gate_up.scalar_type()).contiguous();
     at::Tensor grad_gate_up = at::empty_like(gate_up);
     for_dtype(gate_up.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
-      swiglu_backward_rows(grad.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(gate_up),
+      swiglu_backward_rows(g.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(gate_up),
                            gate_up.size(-1) / 2, grad_gate_up.data_ptr<T>());
     });
-    return {grad_gate_up};
+    return grad_gate_up;
   }
 };
 
@@ -483,47 +438,17 @@ bool fused_kernels_support(at::ScalarType dtype) {
 }
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_input("fused_rms_norm", "x", x);
-  check_input("fused_rms_norm", "weight", weight);
-  TORCH_CHECK(weight.scalar_type() == at::kFloat, "fused_rms_norm: weight is ",
-              weight.scalar_type(), ", it must be Float");
-  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
-              "fused_rms_norm: weight ", weight.sizes(), " does not match x ", x.sizes());
-  if (records_graph({x, weight})) return RMSNormFunction::apply(x, weight, eps);
-  return rms_norm_forward(x, weight, eps).first;
+  return fused_function::rms_norm<CpuDevice>("fused_rms_norm", x, weight, eps);
 }
 
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         std::optional<int64_t> rotated_heads) {
-  check_input("fused_rotary", "x", x);
-  check_input("fused_rotary", "cos", cos);
-  check_input("fused_rotary", "sin", sin);
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
-              "fused_rotary: the tables must be Float");
-  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "fused_rotary: x is ", x.sizes(),
-              ", it must be [B, T, H, D] with D even");
-  const int64_t rotated = rotated_heads.value_or(x.size(2));
-  TORCH_CHECK(rotated >= 0 && rotated <= x.size(2), "fused_rotary: ", rotated,
-              " heads to rotate of x ", x.sizes());
-  const bool shared_tables = cos.dim() == 2 && cos.size(0) == x.size(1);
-  const bool tables_per_row =
-      cos.dim() == 3 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
-  TORCH_CHECK(
-      (shared_tables || tables_per_row) && cos.size(-1) == x.size(3) && sin.sizes() == cos.sizes(),
-      "fused_rotary: tables cos ", cos.sizes(), " and sin ", sin.sizes(),
-      " must both be [T, D] or [B, T, D] of x ", x.sizes());
-  TORCH_CHECK(!(at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())),
-              "fused_rotary: the tables take no gradient");
-  if (records_graph({x})) return RotaryFunction::apply(x, cos, sin, rotated);
-  return rotate(x, cos, sin, rotated, /*inverse=*/false);
+  return fused_function::rotary<CpuDevice>("fused_rotary", x, cos, sin,
+                                           rotated_heads.value_or(x.dim() == 4 ? x.size(2) : 0));
 }
 
 at::Tensor fused_swiglu(const at::Tensor& gate_up) {
-  check_input("fused_swiglu", "gate_up", gate_up);
-  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "fused_swiglu: gate_up is ",
-              gate_up.sizes(), ", its last dimension must hold gate and up, of one width");
-  if (records_graph({gate_up})) return SwiGLUFunction::apply(gate_up);
-  return swiglu_forward(gate_up);
+  return fused_function::swiglu<CpuDevice>("fused_swiglu", gate_up);
 }
 
 }  // namespace mltrain

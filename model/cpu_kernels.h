@@ -25,7 +25,9 @@ bool fused_kernels_support(at::ScalarType dtype);
 
 // rms_norm_composition (model/rms_norm.h): x [.., dim] fp32 or bf16, weight [dim] fp32. The
 // statistic is fp32, the normalised value is rounded to x's dtype before the scale, and the
-// result is fp32 (x's dtype promoted with the weight's). Backward keeps x and one fp32 rstd a row.
+// result is fp32 (x's dtype promoted with the weight's), or under the CPU's bf16 autocast bf16:
+// exactly what the projection that takes it would cast the fp32 result to, without the fp32
+// tensor. Backward keeps x and one fp32 rstd a row, and takes the gradient in either dtype.
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // rotate_leading_heads (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D]

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/cuda_kernels.h"
 #include "model/linear.h"
 
 namespace mltrain {
@@ -22,6 +23,7 @@ at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
 
 at::Tensor swiglu(const at::Tensor& gate_up, Kernels kernels) {
   if (runs_fused_cpu(kernels, gate_up)) return fused_swiglu(gate_up);
+  if (runs_fused_cuda(kernels, gate_up)) return cuda_swiglu(gate_up);
   return swiglu_composition(gate_up);
 }
 

@@ -24,8 +24,9 @@ class FeedForwardImpl : public torch::nn::Module {
 TORCH_MODULE(FeedForward);
 
 // silu(gate) * up of gate_up [.., 2 d_ffn], gate and then up in its last dimension, into
-// [.., d_ffn]: with Kernels::fused_cpu, fused_swiglu (model/cpu_kernels.h) where the device and the
-// dtype allow it; swiglu_composition otherwise.
+// [.., d_ffn]: with Kernels::fused_cpu, fused_swiglu (model/cpu_kernels.h), with
+// Kernels::fused_cuda, cuda_swiglu (model/cuda_kernels.h), where the device and the dtype allow
+// it; swiglu_composition otherwise.
 at::Tensor swiglu(const at::Tensor& gate_up, Kernels kernels);
 
 // The same as plain ATen operators: the reference of the fused kernel.

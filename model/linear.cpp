@@ -12,14 +12,29 @@ using torch::autograd::variable_list;
 
 at::Tensor as_rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
-// .grad += a @ b: in place, inside the GEMM, when .grad exists (a bucket view stays one).
+// .grad += a @ b: in place, inside the GEMM, when .grad exists (a bucket view stays one). a and b
+// are the weight's dtype, or bf16 for an fp32 weight on CUDA, where the GEMM computes in bf16 and
+// writes fp32 (addmm's out_dtype, which only CUDA has).
 void accumulate_weight_grad(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b) {
   at::Tensor& grad = weight.mutable_grad();
-  if (grad.defined()) {
-    grad.addmm_(a, b);
+  if (a.scalar_type() == weight.scalar_type()) {
+    if (grad.defined()) {
+      grad.addmm_(a, b);
+    } else {
+      grad = at::mm(a, b);
+    }
+  } else if (grad.defined()) {
+    at::addmm_out(grad, grad, a, b, weight.scalar_type());
   } else {
-    grad = at::mm(a, b);
+    grad = at::mm(a, b, weight.scalar_type());
   }
+}
+
+void check_once_differentiable() {
+  // The weight's gradient is added in place, outside any graph: nothing to differentiate again.
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "mltrain's projection is differentiable once: backward with create_graph is not "
+              "supported (train.kernels: aten is)");
 }
 
 // A saved leaf unpacks as the parameter itself, whose .grad backward updates. The weight's
@@ -34,10 +49,7 @@ class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    // The weight's gradient is added in place, outside any graph: nothing to differentiate again.
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "mltrain's projection is differentiable once: backward with create_graph is not "
-                "supported (train.kernels: aten is)");
+    check_once_differentiable();
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
@@ -49,16 +61,63 @@ class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> 
   }
 };
 
-bool accumulates_in_gemm(const at::Tensor& x, const at::Tensor& weight, Kernels kernels) {
-  return kernels == Kernels::fused_cpu && x.device().is_cpu() && at::GradMode::is_enabled() &&
-         weight.requires_grad() && weight.is_leaf() && x.scalar_type() == at::kFloat &&
-         weight.scalar_type() == at::kFloat && !at::autocast::is_autocast_enabled(c10::kCPU);
+// The same under bf16 autocast on CUDA: the product of autocast's bf16 casts of x and the weight
+// (the weight's from autocast's cache, which WeightCastCache keeps across micro-steps), which
+// backward keeps, as autocast's at::linear would; the weight's gradient is a bf16 GEMM that adds
+// its fp32 result into .grad, with no bf16 gradient and no separate add.
+class Bf16ProjectionFunction : public torch::autograd::Function<Bf16ProjectionFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    const at::Tensor x16 = at::autocast::cached_cast(at::kBFloat16, x, c10::DeviceType::CUDA);
+    at::Tensor weight16;
+    {
+      // The cast autocast caches is one any later user of the cache may take, so it is made as
+      // autocast makes it, with its gradient's path to the weight (forward runs without grad).
+      const at::AutoGradMode recorded(true);
+      weight16 = at::autocast::cached_cast(at::kBFloat16, weight, c10::DeviceType::CUDA);
+    }
+    ctx->save_for_backward({x16, weight16, weight});
+    return at::linear(x16, weight16);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_once_differentiable();
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x16 = saved[0];
+    const at::Tensor& weight16 = saved[1];
+    const at::Tensor grad_rows = as_rows(grads[0]).to(at::kBFloat16);
+    // In bf16; autograd casts it to x's dtype, as autocast's cast would in backward.
+    at::Tensor grad_x;
+    if (ctx->needs_input_grad(0)) grad_x = grad_rows.mm(weight16).view(x16.sizes());
+    if (ctx->needs_input_grad(1)) accumulate_weight_grad(saved[2], grad_rows.t(), as_rows(x16));
+    return {grad_x, at::Tensor()};
+  }
+};
+
+// A weight whose gradient is added into .grad in place: a leaf that wants one, while autograd
+// records.
+bool takes_gradient_in_place(const at::Tensor& weight) {
+  return at::GradMode::is_enabled() && weight.requires_grad() && weight.is_leaf() &&
+         weight.scalar_type() == at::kFloat;
+}
+
+bool bf16_autocast(c10::DeviceType device) {
+  return at::autocast::is_autocast_enabled(device) &&
+         at::autocast::get_autocast_dtype(device) == at::kBFloat16;
 }
 
 }  // namespace
 
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, Kernels kernels) {
-  if (accumulates_in_gemm(x, weight, kernels)) return ProjectionFunction::apply(x, weight);
+  const bool ours = (kernels == Kernels::fused_cpu && x.device().is_cpu()) ||
+                    (kernels == Kernels::fused_cuda && x.is_cuda());
+  if (ours && takes_gradient_in_place(weight)) {
+    const c10::DeviceType device = x.device().type();
+    if (!at::autocast::is_autocast_enabled(device) && x.scalar_type() == at::kFloat) {
+      return ProjectionFunction::apply(x, weight);
+    }
+    if (x.is_cuda() && bf16_autocast(device)) return Bf16ProjectionFunction::apply(x, weight);
+  }
   return at::linear(x, weight);
 }
 

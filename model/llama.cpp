@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "model/activation_checkpoint.h"
 #include "model/autocast_region.h"
+#include "model/cuda_kernels.h"
 #include "model/document_attention.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
@@ -119,7 +120,7 @@ at::Tensor LlamaImpl::hidden_states_packed(const at::Tensor& tokens,
   // k of every layer, so they are cast here once.
   at::Tensor cos = rotary->cos_at(documents.positions);
   at::Tensor sin = rotary->sin_at(documents.positions);
-  if (!runs_fused_cpu(kernels_, tokens.device(), dtype)) {
+  if (!runs_fused(kernels_, tokens.device(), dtype)) {
     cos = cos.to(dtype);
     sin = sin.to(dtype);
   }
@@ -165,9 +166,14 @@ at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets,
                            const PackedDocuments* documents) {
   const at::Tensor h =
       documents != nullptr ? hidden_states_packed(tokens, *documents) : hidden_states(tokens);
-  if (kernels_ != Kernels::fused_cpu || !h.device().is_cpu())
-    return next_token_loss(at::linear(h, output_weight()), targets);
-  return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
+  if (kernels_ == Kernels::fused_cpu && h.device().is_cpu()) {
+    return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
+  }
+  const at::Tensor logits = at::linear(h, output_weight());
+  if (runs_fused_cuda(kernels_, logits)) {
+    return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten());
+  }
+  return next_token_loss(logits, targets);
 }
 
 const at::Tensor& LlamaImpl::output_weight() const {

@@ -66,8 +66,8 @@ class LlamaImpl : public torch::nn::Module {
   // The training loss: mean next-token cross-entropy of tokens [B, T] against targets [B, T]
   // (the next tokens), a 0-dim fp32 tensor, with attention within `documents` when given. With
   // Kernels::fused_cpu on the CPU it goes through the output projection in chunks
-  // (linear_cross_entropy.h) and never holds the [B, T, V] logits; otherwise it is
-  // next_token_loss of the logits.
+  // (linear_cross_entropy.h) and never holds the [B, T, V] logits; with Kernels::fused_cuda it is
+  // cuda_cross_entropy of the logits in their dtype; otherwise next_token_loss of the logits.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets,
                   const PackedDocuments* documents = nullptr);
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "model/cpu_kernels.h"
+#include "model/cuda_kernels.h"
 
 namespace mltrain {
 
@@ -10,8 +11,9 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels)
     : weight(register_parameter("weight", at::ones({dim}))), eps_(eps), kernels_(kernels) {}
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  if (runs_fused_cpu(kernels_, x) && weight.scalar_type() == at::kFloat) {
-    return fused_rms_norm(x, weight, eps_);
+  if (weight.scalar_type() == at::kFloat) {
+    if (runs_fused_cpu(kernels_, x)) return fused_rms_norm(x, weight, eps_);
+    if (runs_fused_cuda(kernels_, x)) return cuda_rms_norm(x, weight, eps_);
   }
   return rms_norm_composition(x, weight, eps_);
 }

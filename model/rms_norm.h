@@ -9,8 +9,10 @@ namespace mltrain {
 
 // x / sqrt(mean(x^2) + eps) * weight. The statistic is computed in fp32 whatever the input dtype
 // (bf16 squares underflow) and the normalised value is cast back before the learnable scale.
-// With Kernels::fused_cpu it runs fused_rms_norm (model/cpu_kernels.h) where the device and the
-// dtypes allow it, the composition otherwise.
+// With Kernels::fused_cpu it runs fused_rms_norm (model/cpu_kernels.h), with Kernels::fused_cuda
+// cuda_rms_norm (model/cuda_kernels.h), where the device and the dtypes allow it, and the
+// composition otherwise. The fused kernels give bf16 under bf16 autocast, what the projection that
+// takes the result would cast it to; the composition gives fp32.
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, Kernels kernels);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/cuda_kernels.h"
 
 namespace mltrain {
 
@@ -26,9 +27,9 @@ at::Tensor RotaryImpl::rows_at(const at::Tensor& table, const at::Tensor& positi
 
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         Kernels kernels, int64_t rotated_heads) {
-  if (runs_fused_cpu(kernels, x) && cos.scalar_type() == at::kFloat &&
-      sin.scalar_type() == at::kFloat) {
-    return fused_rotary(x, cos, sin, rotated_heads);
+  if (cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
+    if (runs_fused_cpu(kernels, x)) return fused_rotary(x, cos, sin, rotated_heads);
+    if (runs_fused_cuda(kernels, x)) return cuda_rotary(x, cos, sin, rotated_heads);
   }
   return rotate_leading_heads(x, cos, sin, rotated_heads);
 }

@@ -33,8 +33,9 @@ TORCH_MODULE(Rotary);
 
 // Rotates heads [0, rotated_heads) of x [B, T, H, head_dim] by tables [T, head_dim], or
 // [B, T, head_dim] for positions per row, and copies the others as they are, into a new tensor:
-// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h) where the device and the dtypes
-// allow it, in one pass; rotate_leading_heads otherwise. The attention rotates its queries and
+// with Kernels::fused_cpu, fused_rotary (model/cpu_kernels.h), with Kernels::fused_cuda,
+// cuda_rotary (model/cuda_kernels.h), where the device and the dtypes allow it, in one pass;
+// rotate_leading_heads otherwise. The attention rotates its queries and
 // keys, and copies its values, out of the output of its one fused projection.
 at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         Kernels kernels, int64_t rotated_heads);

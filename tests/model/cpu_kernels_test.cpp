@@ -10,65 +10,25 @@
 #include <string>
 #include <vector>
 
+#include "model/autocast_region.h"
 #include "model/feed_forward.h"
 #include "model/kernels.h"
 #include "model/rms_norm.h"
 #include "model/rotary.h"
+#include "tests/support/kernel_check.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
 namespace {
 
+using testing::expect_close;
+using testing::ForwardBackward;
+using testing::kBf16Tolerance;
+using testing::kFp32Tolerance;
+using testing::kOneBf16Rounding;
 using testing::relative_error;
-
-// fp32: the fused kernels do the composition's arithmetic in another order, with FMA, and SwiGLU
-// takes ATen's faster exp_u20 where the composition takes SLEEF's exp; measured, they agree to a
-// few 1e-8 at the model's shapes, so 1e-6 leaves room and still catches any real mistake.
-constexpr double kFp32Tolerance = 1e-6;
-// bf16 keeps 8 significant bits: one rounding is an rms relative error of about 1.7e-3 over many
-// values, and the bf16 composition, which rounds after each of its operators, is 2.3e-3 to 2.6e-3
-// from exact; the two differ by about 3e-3.
-constexpr double kBf16Tolerance = 5e-3;
-// The fused kernels compute in fp32 and round once: against the fp32 composition of the same
-// bf16 values they are one rounding away, which the bf16 composition is not.
-constexpr double kOneBf16Rounding = 2e-3;
-
-struct ForwardBackward {
-  at::Tensor output;
-  std::vector<at::Tensor> grads;  // one per input
-};
-
-// f on fresh leaves equal to the inputs, then backward from the upstream gradient.
-template <typename F>
-ForwardBackward run_with_grad(const F& f, const std::vector<at::Tensor>& inputs,
-                              const at::Tensor& upstream) {
-  std::vector<at::Tensor> leaves;
-  for (const at::Tensor& input : inputs) leaves.push_back(input.detach().clone().requires_grad_());
-  const at::Tensor output = f(leaves);
-  output.backward(upstream.to(output.scalar_type()));
-  ForwardBackward run{output.detach(), {}};
-  for (const at::Tensor& leaf : leaves) run.grads.push_back(leaf.grad());
-  return run;
-}
-
-void expect_close(const ForwardBackward& fused, const ForwardBackward& reference,
-                  double tolerance) {
-  EXPECT_EQ(fused.output.scalar_type(), reference.output.scalar_type());
-  EXPECT_EQ(fused.output.sizes(), reference.output.sizes());
-  EXPECT_LE(relative_error(fused.output, reference.output), tolerance) << "output";
-  ASSERT_EQ(fused.grads.size(), reference.grads.size());
-  for (size_t i = 0; i < fused.grads.size(); ++i) {
-    ASSERT_TRUE(fused.grads[i].defined()) << "input " << i;
-    EXPECT_EQ(fused.grads[i].scalar_type(), reference.grads[i].scalar_type()) << "input " << i;
-    EXPECT_LE(relative_error(fused.grads[i], reference.grads[i]), tolerance) << "input " << i;
-  }
-}
-
-std::vector<at::Tensor> to_float(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : tensors) out.push_back(t.to(at::kFloat));
-  return out;
-}
+using testing::run_with_grad;
+using testing::to_float;
 
 // The kernels run where ATen runs AVX2 or better (model/cpu_kernels.cpp); elsewhere, or under
 // ATEN_CPU_CAPABILITY=default, the layers run the composition and there is nothing to compare.
@@ -125,6 +85,30 @@ TEST_F(FusedKernelRMSNorm, MatchesTheCompositionInBf16) {
   const ForwardBackward exact = run_with_grad(composed_norm, to_float(inputs), upstream);
   EXPECT_LE(relative_error(fused.grads[0], exact.grads[0]), kOneBf16Rounding);
   EXPECT_LE(relative_error(fused.output, exact.output), kOneBf16Rounding);
+}
+
+// Under the CPU's bf16 autocast the norm gives bf16, the composition's fp32 output rounded once,
+// as the projection that takes it would cast it (a rounding may fall the other way where the row's
+// statistic differs in its last bit); it takes its gradient in bf16, and the inputs' gradients are
+// the composition's, which takes the same bf16 gradient, to fp32 rounding.
+TEST_F(FusedKernelRMSNorm, GivesBf16UnderBf16Autocast) {
+  at::manual_seed(103);
+  const std::vector<at::Tensor> inputs = norm_inputs(at::kFloat);
+  const at::Tensor upstream = at::randn({3, 5, 37});
+  {
+    const AutocastGuard autocast(at::Device(at::kCPU), /*enabled=*/true);
+    const ForwardBackward fused = run_with_grad(fused_norm, inputs, upstream);
+    const ForwardBackward composed = run_with_grad(
+        [](const auto& in) { return rms_norm_composition(in[0], in[1], 1e-6).to(at::kBFloat16); },
+        inputs, upstream);
+    EXPECT_EQ(fused.output.scalar_type(), at::kBFloat16);
+    EXPECT_LE(relative_error(fused.output, composed.output), kOneBf16Rounding);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_LE(relative_error(fused.grads[i], composed.grads[i]), kFp32Tolerance) << "input " << i;
+    }
+  }
+  // Outside autocast, fp32 again.
+  EXPECT_EQ(fused_norm(inputs).scalar_type(), at::kFloat);
 }
 
 // The weight's gradient sums over rows: blocks of rows in a fixed order, so that 1, 2 or 3

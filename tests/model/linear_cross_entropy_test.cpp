@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "model/autocast_region.h"
+#include "model/cuda_kernels.h"
 #include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
@@ -209,20 +210,30 @@ TEST(LinearCrossEntropy, RefusesASecondDerivative) {
                c10::Error);
 }
 
-// train.kernels fused is the fused CPU kernels on the CPU only: another device keeps the ATen
-// layers and the plain loss until one has measured fused ones there.
-TEST(ChooseKernels, FusedOnTheCpuOnlyAndAtenEverywhere) {
+// train.kernels auto is the fused CPU kernels on the CPU only: CUDA keeps the ATen layers and the
+// plain loss until the CUDA kernels have passed on a GPU. fused, which runs saved before the CUDA
+// kernels hold, stays just that; fused_cuda asks for them, which a build against a CUDA LibTorch
+// has.
+TEST(ChooseKernels, AutoAndFusedFuseOnTheCpuOnlyFusedCudaOnBothAtenEverywhere) {
   const c10::Device cpu(c10::kCPU);
   const c10::Device cuda(c10::kCUDA, 0);
-  EXPECT_EQ(choose_kernels("fused", cpu), Kernels::fused_cpu);
-  EXPECT_EQ(choose_kernels("fused", cuda), Kernels::aten);
+  for (const std::string name : {"auto", "fused"}) {
+    EXPECT_EQ(choose_kernels(name, cpu), Kernels::fused_cpu) << name;
+    EXPECT_EQ(choose_kernels(name, cuda), Kernels::aten) << name;
+  }
+  EXPECT_EQ(choose_kernels("fused_cuda", cpu), Kernels::fused_cpu);
+  if (cuda_kernels_built()) {
+    EXPECT_EQ(choose_kernels("fused_cuda", cuda), Kernels::fused_cuda);
+  } else {
+    EXPECT_THROW(choose_kernels("fused_cuda", cuda), UserError);
+  }
   EXPECT_EQ(choose_kernels("aten", cpu), Kernels::aten);
   EXPECT_EQ(choose_kernels("aten", cuda), Kernels::aten);
   try {
     choose_kernels("fast", cpu);
-    ADD_FAILURE() << "a name that is neither fused nor aten was taken";
+    ADD_FAILURE() << "a name that is none of auto, fused, fused_cuda and aten was taken";
   } catch (const UserError& error) {
-    EXPECT_STREQ(error.what(), "train.kernels is fused or aten, not 'fast'");
+    EXPECT_STREQ(error.what(), "train.kernels is auto, fused, fused_cuda or aten, not 'fast'");
   }
 }
 

@@ -33,7 +33,7 @@ TEST(Config, DefaultsAreTheDesignDocumentsValues) {
   EXPECT_EQ(c.optim.lr, 6.0e-4);
   EXPECT_EQ(c.optim.beta2, 0.95);
   EXPECT_EQ(c.train.precision, "auto");
-  EXPECT_EQ(c.train.kernels, "fused");
+  EXPECT_EQ(c.train.kernels, "auto");
   EXPECT_EQ(c.train.keep_last, 3);
   EXPECT_EQ(c.dist.bucket_mb, 25.0);
   EXPECT_EQ(c.dist.timeout_s, 600);
@@ -136,7 +136,7 @@ TEST(Config, OutOfRangeValuesAreNamed) {
   EXPECT_CONTAINS(config_error("", {"train.precision=fp16"}),
                   "train.precision must be one of auto, bf16, fp32, got \"fp16\"");
   EXPECT_CONTAINS(config_error("", {"train.kernels=fast"}),
-                  "train.kernels must be one of fused, aten, got \"fast\"");
+                  "train.kernels must be one of auto, fused, fused_cuda, aten, got \"fast\"");
 }
 
 TEST(Config, InconsistentValuesAreNamed) {

@@ -62,9 +62,11 @@ namespace mltrain {
       "auto (bf16 where it is faster than fp32: CUDA, CPUs with AMX-BF16; else fp32), bf16 "     \
       "(autocast, fp32 master weights) or fp32",                                                 \
       one_of({"auto", "bf16", "fp32"}))                                                          \
-  KEY(S, std::string, kernels, "fused",                                                          \
-      "fused (mltrain's kernels and the chunked loss) or aten (the plain ATen layers)",          \
-      one_of({"fused", "aten"}))                                                                 \
+  KEY(S, std::string, kernels, "auto",                                                           \
+      "auto (mltrain's kernels on the CPU, ATen on CUDA; fused is the same), fused_cuda "        \
+      "(mltrain's kernels on both, the CUDA ones not yet run on a GPU) or aten (the plain ATen " \
+      "layers)",                                                                                 \
+      one_of({"auto", "fused", "fused_cuda", "aten"}))                                           \
   KEY(S, std::string, device, "auto", "auto (CUDA when present), cpu or cuda",                   \
       one_of({"auto", "cpu", "cuda"}))                                                           \
   KEY(S, int64_t, threads, 0, "CPU intra-op threads (0: all cores)", at_least(0))                \

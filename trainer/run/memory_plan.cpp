@@ -48,13 +48,14 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
   return (path.fused_layers ? 12 * d + 6 * f : 20 * d + 8 * f) + 2 * attention + statistics;
 }
 
-// Bytes per token outside the blocks. The chunked loss: the final norm's input and the gradient
-// of its output, computed in forward (8d), and each row's loss. The ATen path: the norm's input,
-// fp32 copy and output (12d; a bf16 cast of the output instead of the output itself under
-// autocast, 10d) and the log-softmax of the logits (4V).
+// Bytes per token outside the blocks. The chunked loss: the final norm's input (4d) and the
+// gradient of its output, computed in forward in the output's dtype (fp32 4d; under autocast the
+// fused norm gives bf16, 2d), and each row's loss. The ATen path: the norm's input, fp32 copy and
+// output (12d; a bf16 cast of the output instead of the output itself under autocast, 10d) and the
+// log-softmax of the logits (4V).
 int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
   const int64_t d = model.d_model;
-  if (path.chunked_loss) return 8 * d + 4;
+  if (path.chunked_loss) return (path.bf16 && path.fused_layers ? 6 * d : 8 * d) + 4;
   return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
 }
 
@@ -91,8 +92,10 @@ std::optional<int64_t> smaller_micro_batch(const Config& config, const PlanTarge
 
 ComputePath compute_path(const Config& config, const PlanTarget& target) {
   const c10::Device device = target.cuda ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
-  const bool ours = choose_kernels(config.train.kernels, device) == Kernels::fused_cpu;
-  const bool fused_layers = ours && fused_kernels_support(at::kFloat);
+  const Kernels kernels = choose_kernels(config.train.kernels, device);
+  const bool ours = kernels == Kernels::fused_cpu;
+  const bool fused_layers =
+      (ours && fused_kernels_support(at::kFloat)) || kernels == Kernels::fused_cuda;
   // The rotary rows are fp32 for the fused layers, else in the dtype attention computes in, as is
   // the mask, which variable-length flash attention does without (model/document_attention.h).
   const int64_t compute_bytes = target.bf16 ? 2 : 4;

@@ -54,10 +54,12 @@ struct MemoryPlan {
 // How a run computes, as far as its memory goes.
 struct ComputePath {
   bool bf16 = false;
-  // mltrain's fused CPU layers (train.kernels fused on a CPU that runs them); else the ATen
-  // compositions, as on CUDA.
+  // mltrain's fused layers (train.kernels auto on a CPU that runs them, fused_cuda on CUDA); else
+  // the ATen compositions. What the fused layers keep was measured on the CPU; on CUDA the same
+  // count is assumed, not yet measured.
   bool fused_layers = true;
-  // mltrain's chunked loss (train.kernels fused on the CPU); else the whole logits.
+  // mltrain's chunked loss (the CPU's); else the whole logits. The CUDA cross-entropy keeps the
+  // logits in their dtype and no fp32 log-softmax: counted as the ATen loss, an overestimate.
   bool chunked_loss = true;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
   // data.document_masking: what the packed documents add per token, held from forward through

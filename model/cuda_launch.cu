@@ -1,0 +1,412 @@
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/cuda_launch.h"
+#include "model/glue_math.h"
+#include "model/scalar_math.h"
+
+// Plain CUDA: one block per row where a row is reduced (RMSNorm, cross-entropy), one thread per
+// element or pair elsewhere, fp32 arithmetic from glue_math.h in every thread. Sums across a row
+// go through warp shuffles and then across warps in a fixed order, so results repeat run to run.
+namespace mltrain::cuda_launch {
+namespace {
+
+using glue::ScalarMath;
+
+constexpr int kWarp = 32;
+constexpr int kRowThreads = 256;           // a block per RMSNorm row
+constexpr int kCrossEntropyThreads = 512;  // a block per row of logits
+constexpr int kElementThreads = 256;
+constexpr int64_t kMaxElementBlocks = int64_t{1} << 20;  // the rest loop (grid-stride)
+// Rows of one partial sum of RMSNorm's weight gradient: fixed, so the order of the sum depends on
+// the shape alone.
+constexpr int64_t kRowsPerPartial = 64;
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+
+__device__ float warp_sum(float value) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
+// The sum over the block, to every thread; blockDim.x is a multiple of kWarp.
+__device__ float block_sum(float value) {
+  __shared__ float warp_sums[kWarp];
+  value = warp_sum(value);
+  const unsigned lane = threadIdx.x % kWarp;
+  if (lane == 0) warp_sums[threadIdx.x / kWarp] = value;
+  __syncthreads();
+  value = lane < blockDim.x / kWarp ? warp_sums[lane] : 0.0f;
+  value = warp_sum(value);
+  __syncthreads();  // before warp_sums is written again
+  return value;
+}
+
+using Statistics = glue::SoftmaxStatistics<ScalarMath>;
+
+__device__ Statistics warp_merge(Statistics statistics) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    Statistics other;
+    other.max = __shfl_xor_sync(0xffffffffu, statistics.max, offset);
+    other.sum = __shfl_xor_sync(0xffffffffu, statistics.sum, offset);
+    statistics.merge(other);
+  }
+  return statistics;
+}
+
+// The merged statistics of the block, valid in thread 0.
+__device__ Statistics block_merge(Statistics statistics) {
+  __shared__ float maxima[kWarp];
+  __shared__ float sums[kWarp];
+  statistics = warp_merge(statistics);
+  const unsigned lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    maxima[threadIdx.x / kWarp] = statistics.max;
+    sums[threadIdx.x / kWarp] = statistics.sum;
+  }
+  __syncthreads();
+  Statistics merged;
+  if (threadIdx.x < kWarp && lane < blockDim.x / kWarp) {
+    merged.max = maxima[lane];
+    merged.sum = sums[lane];
+  }
+  return threadIdx.x < kWarp ? warp_merge(merged) : merged;
+}
+
+// ---- RMSNorm ----
+
+template <typename T, typename Out>
+__global__ void rms_norm_forward_kernel(const T* x, const float* weight, float eps, int64_t dim,
+                                        Out* out, float* rstd) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * dim;
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = static_cast<float>(xr[i]);
+    squares += v * v;
+  }
+  const float inv = glue::rms_norm_rstd<ScalarMath>(block_sum(squares), dim, eps);
+  if (threadIdx.x == 0) rstd[row] = inv;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    out[row * dim + i] = static_cast<Out>(
+        glue::rms_norm_output<ScalarMath, T>(static_cast<float>(xr[i]), inv, weight[i]));
+  }
+}
+
+template <typename T, typename G>
+__global__ void rms_norm_grad_input_kernel(const G* grad, const T* x, const float* weight,
+                                           const float* rstd, int64_t dim, T* grad_x) {
+  const int64_t row = blockIdx.x;
+  const G* gr = grad + row * dim;
+  const T* xr = x + row * dim;
+  float dot = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    dot += static_cast<float>(gr[i]) * weight[i] * static_cast<float>(xr[i]);
+  }
+  const float inv = rstd[row];
+  const float scale = glue::rms_norm_backward_scale<ScalarMath>(inv, block_sum(dot), dim);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    grad_x[row * dim + i] = static_cast<T>(glue::rms_norm_grad_input<ScalarMath>(
+        static_cast<float>(gr[i]), static_cast<float>(xr[i]), weight[i], inv, scale));
+  }
+}
+
+// partials [blocks, dim]: each the sum over kRowsPerPartial rows, a column per thread.
+template <typename T, typename G>
+__global__ void rms_norm_weight_partials_kernel(const G* grad, const T* x, const float* rstd,
+                                                int64_t rows, int64_t dim, float* partials) {
+  const int64_t column = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (column >= dim) return;
+  const int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
+  for (int64_t block = blockIdx.y; block < blocks; block += gridDim.y) {
+    const int64_t first = block * kRowsPerPartial;
+    const int64_t last = first + kRowsPerPartial < rows ? first + kRowsPerPartial : rows;
+    float sum = 0.0f;
+    for (int64_t r = first; r < last; ++r) {
+      sum += glue::rms_norm_grad_weight_term<ScalarMath, T>(
+          static_cast<float>(grad[r * dim + column]), static_cast<float>(x[r * dim + column]),
+          rstd[r]);
+    }
+    partials[block * dim + column] = sum;
+  }
+}
+
+__global__ void sum_partials_kernel(const float* partials, int64_t blocks, int64_t dim,
+                                    float* out) {
+  const int64_t column = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (column >= dim) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) sum += partials[b * dim + column];
+  out[column] = sum;
+}
+
+// ---- RoPE ----
+
+// A thread per pair (i, i + D/2) of a row; rows are [B, T, H] flattened, and token t takes the
+// tables' row t % table_rows (T rows shared by the batch, or B x T of each token's own).
+template <typename T>
+__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, int64_t rows,
+                              int64_t heads, int64_t rotated_heads, int64_t table_rows, int64_t dim,
+                              bool inverse, T* out) {
+  const int64_t half = dim / 2;
+  const int64_t pairs = rows * half;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = p / half;
+    const int64_t i = p % half;
+    const int64_t at = row * dim + i;
+    if (row % heads >= rotated_heads) {
+      out[at] = x[at];
+      out[at + half] = x[at + half];
+      continue;
+    }
+    const int64_t table = ((row / heads) % table_rows) * dim + i;
+    float first;
+    float second;
+    glue::rotate_pair<ScalarMath>(static_cast<float>(x[at]), static_cast<float>(x[at + half]),
+                                  cos[table], sin[table], cos[table + half], sin[table + half],
+                                  inverse, first, second);
+    out[at] = static_cast<T>(first);
+    out[at + half] = static_cast<T>(second);
+  }
+}
+
+// ---- SwiGLU ----
+
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* gate_up, int64_t rows, int64_t width, T* out) {
+  const int64_t n = rows * width;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t gate = (e / width) * 2 * width + e % width;
+    out[e] = static_cast<T>(glue::swiglu_output<ScalarMath>(
+        static_cast<float>(gate_up[gate]), static_cast<float>(gate_up[gate + width])));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* grad, const T* gate_up, int64_t rows, int64_t width,
+                                       T* grad_gate_up) {
+  const int64_t n = rows * width;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t gate = (e / width) * 2 * width + e % width;
+    float grad_gate;
+    float grad_up;
+    glue::swiglu_backward<ScalarMath>(
+        static_cast<float>(grad[e]), static_cast<float>(gate_up[gate]),
+        static_cast<float>(gate_up[gate + width]), grad_gate, grad_up);
+    grad_gate_up[gate] = static_cast<T>(grad_gate);
+    grad_gate_up[gate + width] = static_cast<T>(grad_up);
+  }
+}
+
+// ---- Cross-entropy ----
+
+// A block per row: the row's softmax statistics, then its loss.
+template <typename T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int64_t* targets, int64_t vocab,
+                                             float* loss, float* row_max, float* row_log_sum) {
+  const int64_t row = blockIdx.x;
+  const T* lr = logits + row * vocab;
+  Statistics statistics;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    statistics.add(static_cast<float>(lr[j]));
+  }
+  statistics = block_merge(statistics);
+  if (threadIdx.x == 0) {
+    const int64_t target = targets[row];
+    CUDA_KERNEL_ASSERT(target >= 0 && target < vocab);
+    const float log_sum = statistics.log_sum();
+    row_max[row] = statistics.max;
+    row_log_sum[row] = log_sum;
+    loss[row] = glue::cross_entropy_loss<ScalarMath>(static_cast<float>(lr[target]), statistics.max,
+                                                     log_sum);
+  }
+}
+
+// A block per row again, its threads across the row: each row's statistics and target read once.
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const float* grad_loss, const T* logits,
+                                              const int64_t* targets, const float* row_max,
+                                              const float* row_log_sum, int64_t rows, int64_t vocab,
+                                              T* grad_logits) {
+  const int64_t row = blockIdx.x;
+  const float scale = *grad_loss / static_cast<float>(rows);
+  const float max = row_max[row];
+  const float log_sum = row_log_sum[row];
+  const int64_t target = targets[row];
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    grad_logits[row * vocab + j] = static_cast<T>(glue::cross_entropy_grad<ScalarMath>(
+        static_cast<float>(logits[row * vocab + j]), max, log_sum, j == target, scale));
+  }
+}
+
+// ---- launching ----
+
+// Calls f with a value of the C++ type of an activation dtype: fp32 or bf16.
+template <typename F>
+void for_dtype(at::ScalarType dtype, const F& f) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "mltrain's CUDA kernels take Float or BFloat16, not ", dtype);
+  if (dtype == at::kFloat) {
+    f(float{});
+  } else {
+    f(c10::BFloat16{});
+  }
+}
+
+int64_t rows_of(const at::Tensor& t) { return t.numel() == 0 ? 0 : t.numel() / t.size(-1); }
+
+unsigned element_blocks(int64_t n) {
+  return static_cast<unsigned>(
+      std::min((n + kElementThreads - 1) / kElementThreads, kMaxElementBlocks));
+}
+
+unsigned column_blocks(int64_t dim) {
+  return static_cast<unsigned>((dim + kElementThreads - 1) / kElementThreads);
+}
+
+}  // namespace
+
+bool built() { return true; }
+
+void rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
+                      const at::Tensor& out, const at::Tensor& rstd) {
+  const int64_t rows = rows_of(x);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for_dtype(x.scalar_type(), [&](auto x_tag) {
+    using T = decltype(x_tag);
+    for_dtype(out.scalar_type(), [&](auto out_tag) {
+      using Out = decltype(out_tag);
+      rms_norm_forward_kernel<T, Out><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          x.const_data_ptr<T>(), weight.const_data_ptr<float>(), static_cast<float>(eps),
+          x.size(-1), out.mutable_data_ptr<Out>(), rstd.mutable_data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+void rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                       const at::Tensor& rstd, const at::Tensor& grad_x,
+                       const at::Tensor& grad_weight) {
+  const int64_t rows = rows_of(x);
+  const int64_t dim = x.size(-1);
+  if (rows == 0) {
+    grad_weight.zero_();
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
+  const at::Tensor partials = at::empty({blocks, dim}, weight.options());
+  for_dtype(x.scalar_type(), [&](auto x_tag) {
+    using T = decltype(x_tag);
+    for_dtype(grad.scalar_type(), [&](auto grad_tag) {
+      using G = decltype(grad_tag);
+      rms_norm_grad_input_kernel<T, G><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          grad.const_data_ptr<G>(), x.const_data_ptr<T>(), weight.const_data_ptr<float>(),
+          rstd.const_data_ptr<float>(), dim, grad_x.mutable_data_ptr<T>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const dim3 grid(column_blocks(dim), static_cast<unsigned>(std::min(blocks, kMaxGridY)));
+      rms_norm_weight_partials_kernel<T, G><<<grid, kElementThreads, 0, stream>>>(
+          grad.const_data_ptr<G>(), x.const_data_ptr<T>(), rstd.const_data_ptr<float>(), rows, dim,
+          partials.mutable_data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  sum_partials_kernel<<<column_blocks(dim), kElementThreads, 0, stream>>>(
+      partials.const_data_ptr<float>(), blocks, dim, grad_weight.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            int64_t rotated_heads, bool inverse, const at::Tensor& out) {
+  const int64_t rows = rows_of(x);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t dim = x.size(3);
+  for_dtype(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    rotary_kernel<T><<<element_blocks(rows * dim / 2), kElementThreads, 0, stream>>>(
+        x.const_data_ptr<T>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), rows,
+        x.size(2), rotated_heads, cos.numel() / dim, dim, inverse, out.mutable_data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void swiglu_forward(const at::Tensor& gate_up, const at::Tensor& out) {
+  if (out.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for_dtype(gate_up.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_forward_kernel<T><<<element_blocks(out.numel()), kElementThreads, 0, stream>>>(
+        gate_up.const_data_ptr<T>(), rows_of(out), out.size(-1), out.mutable_data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate_up,
+                     const at::Tensor& grad_gate_up) {
+  if (grad.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for_dtype(gate_up.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_backward_kernel<T><<<element_blocks(grad.numel()), kElementThreads, 0, stream>>>(
+        grad.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(grad), grad.size(-1),
+        grad_gate_up.mutable_data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
+                           const at::Tensor& loss, const at::Tensor& row_max,
+                           const at::Tensor& row_log_sum) {
+  const int64_t rows = rows_of(logits);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for_dtype(logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_forward_kernel<T>
+        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, stream>>>(
+            logits.const_data_ptr<T>(), targets.const_data_ptr<int64_t>(), logits.size(-1),
+            loss.mutable_data_ptr<float>(), row_max.mutable_data_ptr<float>(),
+            row_log_sum.mutable_data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logits,
+                            const at::Tensor& targets, const at::Tensor& row_max,
+                            const at::Tensor& row_log_sum, const at::Tensor& grad_logits) {
+  const int64_t rows = rows_of(logits);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for_dtype(logits.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_backward_kernel<T>
+        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, stream>>>(
+            grad_loss.const_data_ptr<float>(), logits.const_data_ptr<T>(),
+            targets.const_data_ptr<int64_t>(), row_max.const_data_ptr<float>(),
+            row_log_sum.const_data_ptr<float>(), rows, logits.size(-1),
+            grad_logits.mutable_data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace mltrain::cuda_launch

@@ -1,0 +1,66 @@
+#pragma once
+
+// Holding a fused kernel to the ATen composition it replaces: both run forward and backward on the
+// same inputs, and the outputs and every input's gradient are compared. Shared by the CPU kernels'
+// tests, the shared arithmetic's and the CUDA kernels'.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "tests/support/test_support.h"
+
+namespace mltrain::testing {
+
+// fp32: a fused kernel does the composition's arithmetic in another order, with FMA, and with
+// another exp (ATen's CPU exp_u20, CUDA's expf) where the composition takes SLEEF's; measured,
+// they agree to a few 1e-8 at the model's shapes, so 1e-6 leaves room and still catches any real
+// mistake.
+constexpr double kFp32Tolerance = 1e-6;
+// bf16 keeps 8 significant bits: one rounding is an rms relative error of about 1.7e-3 over many
+// values, and the bf16 composition, which rounds after each of its operators, is 2.3e-3 to 2.6e-3
+// from exact; the two differ by about 3e-3.
+constexpr double kBf16Tolerance = 5e-3;
+// The fused kernels compute in fp32 and round once: against the fp32 composition of the same
+// bf16 values they are one rounding away, which the bf16 composition is not.
+constexpr double kOneBf16Rounding = 2e-3;
+
+struct ForwardBackward {
+  at::Tensor output;
+  std::vector<at::Tensor> grads;  // one per input
+};
+
+// f on fresh leaves equal to the inputs, then backward from the upstream gradient.
+template <typename F>
+ForwardBackward run_with_grad(const F& f, const std::vector<at::Tensor>& inputs,
+                              const at::Tensor& upstream) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& input : inputs) leaves.push_back(input.detach().clone().requires_grad_());
+  const at::Tensor output = f(leaves);
+  output.backward(upstream.to(output.scalar_type()));
+  ForwardBackward run{output.detach(), {}};
+  for (const at::Tensor& leaf : leaves) run.grads.push_back(leaf.grad());
+  return run;
+}
+
+inline void expect_close(const ForwardBackward& fused, const ForwardBackward& reference,
+                         double tolerance) {
+  EXPECT_EQ(fused.output.scalar_type(), reference.output.scalar_type());
+  EXPECT_EQ(fused.output.sizes(), reference.output.sizes());
+  EXPECT_LE(relative_error(fused.output, reference.output), tolerance) << "output";
+  ASSERT_EQ(fused.grads.size(), reference.grads.size());
+  for (size_t i = 0; i < fused.grads.size(); ++i) {
+    ASSERT_TRUE(fused.grads[i].defined()) << "input " << i;
+    EXPECT_EQ(fused.grads[i].scalar_type(), reference.grads[i].scalar_type()) << "input " << i;
+    EXPECT_LE(relative_error(fused.grads[i], reference.grads[i]), tolerance) << "input " << i;
+  }
+}
+
+inline std::vector<at::Tensor> to_float(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.to(at::kFloat));
+  return out;
+}
+
+}  // namespace mltrain::testing
