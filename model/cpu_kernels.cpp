@@ -154,22 +154,31 @@ inline float sum_lanes(const Vec& v) {
 
 // ---- the kernels: raw rows in, raw rows out ----
 
-template <typename T, typename Out>
-void rms_norm_rows(const T* x, const float* weight, float eps, int64_t rows, int64_t dim, Out* out,
-                   float* rstd) {
+// Each row of x normalised into out, its rstd into rstd. With delta (otherwise null), x + delta is
+// written to sum, in x's dtype, and normalised instead: the residual add folded into the norm.
+template <typename T, typename D, typename Out>
+void rms_norm_rows(const T* x, const D* delta, const float* weight, float eps, int64_t rows,
+                   int64_t dim, T* sum, Out* out, float* rstd) {
   at::parallel_for(0, rows, row_grain(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * dim;
+      const T* norm_input = delta == nullptr ? xr : sum + r * dim;
       Vec squares(0.0f);
       for (int64_t i = 0; i < dim; i += kLanes) {
-        const Vec v = load(xr + i, std::min(kLanes, dim - i));
+        const int64_t n = std::min(kLanes, dim - i);
+        Vec v = load(xr + i, n);
+        if (delta != nullptr) {
+          v = glue::residual_add<LaneMath, T>(v, load(delta + r * dim + i, n));
+          store(v, sum + r * dim + i, n);
+        }
         squares = squares + v * v;
       }
       const float inv = glue::rms_norm_rstd<LaneMath>(sum_lanes(squares), dim, eps);
       rstd[r] = inv;
       for (int64_t i = 0; i < dim; i += kLanes) {
         const int64_t n = std::min(kLanes, dim - i);
-        store(glue::rms_norm_output<LaneMath, T>(load(xr + i, n), Vec(inv), load(weight + i, n)),
+        store(glue::rms_norm_output<LaneMath, T>(load(norm_input + i, n), Vec(inv),
+                                                 load(weight + i, n)),
               out + r * dim + i, n);
       }
     }
@@ -178,10 +187,11 @@ void rms_norm_rows(const T* x, const float* weight, float eps, int64_t rows, int
 
 // The weight's gradient, sum(grad * normed) over rows, goes through partials [blocks, dim], one per
 // block of kRowsPerBlock rows, zeroed by the caller, then summed column by column in block order.
+// grad_residual (otherwise null) is added to x's: the gradient of the sum's other use.
 template <typename T, typename G>
-void rms_norm_backward_rows(const G* grad, const T* x, const float* weight, const float* rstd,
-                            int64_t rows, int64_t dim, T* grad_x, float* partials,
-                            float* grad_weight) {
+void rms_norm_backward_rows(const G* grad, const T* grad_residual, const T* x, const float* weight,
+                            const float* rstd, int64_t rows, int64_t dim, T* grad_x,
+                            float* partials, float* grad_weight) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   at::parallel_for(0, blocks, row_grain(kRowsPerBlock * dim), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
@@ -200,8 +210,11 @@ void rms_norm_backward_rows(const G* grad, const T* x, const float* weight, cons
           const int64_t n = std::min(kLanes, dim - i);
           const Vec g = load(gr + i, n);
           const Vec xv = load(xr + i, n);
-          store(glue::rms_norm_grad_input<LaneMath>(g, xv, load(weight + i, n), inv, scale),
-                grad_x + r * dim + i, n);
+          const Vec residual =
+              grad_residual == nullptr ? Vec(0.0f) : load(grad_residual + r * dim + i, n);
+          store(
+              glue::rms_norm_grad_input<LaneMath>(g, xv, load(weight + i, n), inv, scale, residual),
+              grad_x + r * dim + i, n);
           store(load(partial + i, n) + glue::rms_norm_grad_weight_term<LaneMath, T>(g, xv, inv),
                 partial + i, n);
         }
@@ -345,31 +358,42 @@ struct CpuDevice {
                 ": the fused kernels take Float and BFloat16 where ATen runs AVX2 or better");
   }
 
-  static std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x,
-                                                            const at::Tensor& weight, double eps,
-                                                            at::ScalarType out_dtype) {
+  static fused_function::NormForward rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
+                                                      const at::Tensor& weight, double eps,
+                                                      at::ScalarType out_dtype) {
     const at::Tensor xc = x.contiguous();
+    const at::Tensor dc = delta.defined() ? delta.contiguous() : at::Tensor();
     const at::Tensor wc = weight.contiguous();
-    at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype));
-    at::Tensor rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat));
+    fused_function::NormForward result{
+        .sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
+        .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
+        .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
     for_dtype(x.scalar_type(), [&](auto x_tag) {
-      for_dtype(out_dtype, [&](auto out_tag) {
-        using T = decltype(x_tag);
-        using Out = decltype(out_tag);
-        rms_norm_rows(xc.const_data_ptr<T>(), wc.const_data_ptr<float>(), static_cast<float>(eps),
-                      rows_of(x), x.size(-1), out.data_ptr<Out>(), rstd.data_ptr<float>());
+      using T = decltype(x_tag);
+      for_dtype(delta.defined() ? delta.scalar_type() : x.scalar_type(), [&](auto delta_tag) {
+        using D = decltype(delta_tag);
+        for_dtype(out_dtype, [&](auto out_tag) {
+          using Out = decltype(out_tag);
+          rms_norm_rows(xc.const_data_ptr<T>(), dc.defined() ? dc.const_data_ptr<D>() : nullptr,
+                        wc.const_data_ptr<float>(), static_cast<float>(eps), rows_of(x), x.size(-1),
+                        result.sum.defined() ? result.sum.data_ptr<T>() : nullptr,
+                        result.output.data_ptr<Out>(), result.rstd.data_ptr<float>());
+        });
       });
     });
-    return {out, rstd};
+    return result;
   }
 
   static std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad,
+                                                             const at::Tensor& grad_residual,
                                                              const at::Tensor& x_in,
                                                              const at::Tensor& weight_in,
                                                              const at::Tensor& rstd) {
     const at::Tensor x = x_in.contiguous();
     const at::Tensor weight = weight_in.contiguous();
     const at::Tensor g = grad.contiguous();
+    const at::Tensor residual =
+        grad_residual.defined() ? grad_residual.to(x.scalar_type()).contiguous() : at::Tensor();
     const int64_t dim = x.size(-1);
     const int64_t rows = rows_of(x);
     at::Tensor grad_x = at::empty_like(x);
@@ -380,10 +404,11 @@ struct CpuDevice {
       for_dtype(g.scalar_type(), [&](auto grad_tag) {
         using T = decltype(x_tag);
         using G = decltype(grad_tag);
-        rms_norm_backward_rows(g.const_data_ptr<G>(), x.const_data_ptr<T>(),
-                               weight.const_data_ptr<float>(), rstd.const_data_ptr<float>(), rows,
-                               dim, grad_x.data_ptr<T>(), partials.data_ptr<float>(),
-                               grad_weight.data_ptr<float>());
+        rms_norm_backward_rows(g.const_data_ptr<G>(),
+                               residual.defined() ? residual.const_data_ptr<T>() : nullptr,
+                               x.const_data_ptr<T>(), weight.const_data_ptr<float>(),
+                               rstd.const_data_ptr<float>(), rows, dim, grad_x.data_ptr<T>(),
+                               partials.data_ptr<float>(), grad_weight.data_ptr<float>());
       });
     });
     return {grad_x, grad_weight};
@@ -439,6 +464,11 @@ bool fused_kernels_support(at::ScalarType dtype) {
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return fused_function::rms_norm<CpuDevice>("fused_rms_norm", x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps) {
+  return fused_function::add_rms_norm<CpuDevice>("fused_add_rms_norm", x, delta, weight, eps);
 }
 
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 namespace mltrain {
 
@@ -29,6 +30,13 @@ bool fused_kernels_support(at::ScalarType dtype);
 // exactly what the projection that takes it would cast the fp32 result to, without the fp32
 // tensor. Backward keeps x and one fp32 rstd a row, and takes the gradient in either dtype.
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// x + delta and fused_rms_norm of it, in one pass over the rows: the residual add folded into the
+// norm that follows it. x is the residual stream, fp32 or bf16; delta (of x's shape) is fp32 or
+// bf16 where x is fp32, bf16 where x is; the sum keeps x's dtype. Backward adds the sum's gradient
+// from its other use to the norm's in the same pass.
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps);
 
 // rotate_leading_heads (model/rotary.h), rotate-half: x [B, T, H, D] fp32 or bf16, tables [T, D]
 // (shared by the rows) or [B, T, D] (each row's own positions) fp32 taking no gradient. Heads

@@ -31,24 +31,30 @@ struct CudaDevice {
                 name, " is ", t.scalar_type(), ": the CUDA kernels take Float and BFloat16");
   }
 
-  static std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x,
-                                                            const at::Tensor& weight, double eps,
-                                                            at::ScalarType out_dtype) {
-    at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype));
-    at::Tensor rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat));
-    cuda_launch::rms_norm_forward(x.contiguous(), weight.contiguous(), eps, out, rstd);
-    return {out, rstd};
+  static fused_function::NormForward rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
+                                                      const at::Tensor& weight, double eps,
+                                                      at::ScalarType out_dtype) {
+    fused_function::NormForward result{
+        .sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
+        .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
+        .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
+    cuda_launch::rms_norm_forward(x.contiguous(), delta.defined() ? delta.contiguous() : delta,
+                                  weight.contiguous(), eps, result.sum, result.output, result.rstd);
+    return result;
   }
 
   static std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad,
+                                                             const at::Tensor& grad_residual,
                                                              const at::Tensor& x_in,
                                                              const at::Tensor& weight,
                                                              const at::Tensor& rstd) {
     const at::Tensor x = x_in.contiguous();
     at::Tensor grad_x = at::empty_like(x);
     at::Tensor grad_weight = at::empty_like(weight);
-    cuda_launch::rms_norm_backward(grad.contiguous(), x, weight.contiguous(), rstd, grad_x,
-                                   grad_weight);
+    cuda_launch::rms_norm_backward(
+        grad.contiguous(),
+        grad_residual.defined() ? grad_residual.to(x.scalar_type()).contiguous() : grad_residual, x,
+        weight.contiguous(), rstd, grad_x, grad_weight);
     return {grad_x, grad_weight};
   }
 
@@ -107,19 +113,26 @@ CrossEntropyForward cross_entropy_forward(const at::Tensor& logits, const at::Te
 class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets) {
+                            const at::Tensor& targets, bool gradient_overwrites_logits) {
     const CrossEntropyForward result = cross_entropy_forward(logits, targets);
     ctx->save_for_backward({result.logits, result.targets, result.row_max, result.row_log_sum});
+    ctx->saved_data["gradient_overwrites_logits"] = gradient_overwrites_logits;
     return result.loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
     const variable_list saved = ctx->get_saved_variables();
-    at::Tensor grad_logits = at::empty_like(saved[0]);
+    // Overwritten, each thread reads its logit before it writes its gradient there.
+    at::Tensor grad_logits = saved[0];
+    if (ctx->saved_data["gradient_overwrites_logits"].toBool()) {
+      grad_logits.unsafeGetTensorImpl()->bump_version();
+    } else {
+      grad_logits = at::empty_like(saved[0]);
+    }
     cuda_launch::cross_entropy_backward(grads[0].to(at::kFloat).contiguous(), saved[0], saved[1],
                                         saved[2], saved[3], grad_logits);
-    return {grad_logits, at::Tensor()};
+    return {grad_logits, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -131,6 +144,11 @@ at::Tensor cuda_rms_norm(const at::Tensor& x, const at::Tensor& weight, double e
   return fused_function::rms_norm<CudaDevice>("cuda_rms_norm", x, weight, eps);
 }
 
+std::pair<at::Tensor, at::Tensor> cuda_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                    const at::Tensor& weight, double eps) {
+  return fused_function::add_rms_norm<CudaDevice>("cuda_add_rms_norm", x, delta, weight, eps);
+}
+
 at::Tensor cuda_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        int64_t rotated_heads) {
   return fused_function::rotary<CudaDevice>("cuda_rotary", x, cos, sin, rotated_heads);
@@ -140,14 +158,17 @@ at::Tensor cuda_swiglu(const at::Tensor& gate_up) {
   return fused_function::swiglu<CudaDevice>("cuda_swiglu", gate_up);
 }
 
-at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                              bool gradient_overwrites_logits) {
   CudaDevice::check_input("cuda_cross_entropy", "logits", logits);
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && targets.dim() == 1 &&
                   targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong &&
                   targets.device() == logits.device(),
               "cuda_cross_entropy: logits ", logits.sizes(), " and targets ", targets.sizes(), " (",
               targets.scalar_type(), ") must be [N, V > 0] and [N] int64 on one device");
-  if (records_graph({logits})) return CrossEntropyFunction::apply(logits, targets);
+  if (records_graph({logits})) {
+    return CrossEntropyFunction::apply(logits, targets, gradient_overwrites_logits);
+  }
   return cross_entropy_forward(logits, targets).loss;
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace mltrain {
 
@@ -23,6 +24,11 @@ bool cuda_kernels_built();
 // projection that takes it would cast it to, without the fp32 round trip.
 at::Tensor cuda_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// x + delta and cuda_rms_norm of it, in one kernel, as fused_add_rms_norm (model/cpu_kernels.h):
+// the sum keeps x's dtype, and backward adds the sum's gradient from its other use to the norm's.
+std::pair<at::Tensor, at::Tensor> cuda_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                    const at::Tensor& weight, double eps);
+
 // rotate_leading_heads (model/rotary.h) on CUDA: x [B, T, H, D], tables [T, D] or [B, T, D] fp32;
 // heads [0, rotated_heads) rotated, the others copied, into a new contiguous tensor.
 at::Tensor cuda_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -35,6 +41,10 @@ at::Tensor cuda_swiglu(const at::Tensor& gate_up);
 // against targets [N] (int64, every row counts), a 0-dim fp32 tensor: at::cross_entropy_loss of the
 // logits in fp32, in one pass over the logits that keeps each row's log-sum-exp, and a backward
 // pass that writes the logits' gradient in their dtype. No fp32 copy of the logits is made.
-at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
+// With gradient_overwrites_logits, backward writes the gradient over the logits, for a caller that
+// has no other use for them (the model's loss): the step's largest activation is not held twice.
+// Their version is bumped, so that a second backward through them is refused, not misled.
+at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                              bool gradient_overwrites_logits = false);
 
 }  // namespace mltrain

@@ -24,11 +24,12 @@ constexpr int kWarp = 32;
 constexpr int kRowThreads = 256;           // a block per RMSNorm row
 constexpr int kCrossEntropyThreads = 512;  // a block per row of logits
 constexpr int kElementThreads = 256;
-constexpr int64_t kMaxElementBlocks = int64_t{1} << 20;  // the rest loop (grid-stride)
+constexpr int kRotaryThreads = 32;  // a warp across a head's pairs
+constexpr int kRotaryTokens = 8;    // tokens of a rotary block, one per warp
 // Rows of one partial sum of RMSNorm's weight gradient: fixed, so the order of the sum depends on
 // the shape alone.
 constexpr int64_t kRowsPerPartial = 64;
-constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y
+constexpr int64_t kMaxGridY = 65535;  // CUDA's limit on gridDim.y and gridDim.z
 
 __device__ float warp_sum(float value) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
@@ -83,27 +84,36 @@ __device__ Statistics block_merge(Statistics statistics) {
 
 // ---- RMSNorm ----
 
-template <typename T, typename Out>
-__global__ void rms_norm_forward_kernel(const T* x, const float* weight, float eps, int64_t dim,
-                                        Out* out, float* rstd) {
+// With delta (otherwise null), x + delta goes to sum, in x's dtype, and is normalised instead.
+template <typename T, typename D, typename Out>
+__global__ void rms_norm_forward_kernel(const T* x, const D* delta, const float* weight, float eps,
+                                        int64_t dim, T* sum, Out* out, float* rstd) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * dim;
   float squares = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = static_cast<float>(xr[i]);
+    float v = static_cast<float>(xr[i]);
+    if (delta != nullptr) {
+      v = glue::residual_add<ScalarMath, T>(v, static_cast<float>(delta[row * dim + i]));
+      sum[row * dim + i] = static_cast<T>(v);
+    }
     squares += v * v;
   }
+  // Each thread reads back only the sums it wrote: no barrier needed beyond block_sum's.
+  const T* norm_input = delta == nullptr ? xr : sum + row * dim;
   const float inv = glue::rms_norm_rstd<ScalarMath>(block_sum(squares), dim, eps);
   if (threadIdx.x == 0) rstd[row] = inv;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     out[row * dim + i] = static_cast<Out>(
-        glue::rms_norm_output<ScalarMath, T>(static_cast<float>(xr[i]), inv, weight[i]));
+        glue::rms_norm_output<ScalarMath, T>(static_cast<float>(norm_input[i]), inv, weight[i]));
   }
 }
 
+// grad_residual (otherwise null): the sum's gradient from its other use, added to x's.
 template <typename T, typename G>
-__global__ void rms_norm_grad_input_kernel(const G* grad, const T* x, const float* weight,
-                                           const float* rstd, int64_t dim, T* grad_x) {
+__global__ void rms_norm_grad_input_kernel(const G* grad, const T* grad_residual, const T* x,
+                                           const float* weight, const float* rstd, int64_t dim,
+                                           T* grad_x) {
   const int64_t row = blockIdx.x;
   const G* gr = grad + row * dim;
   const T* xr = x + row * dim;
@@ -114,8 +124,10 @@ __global__ void rms_norm_grad_input_kernel(const G* grad, const T* x, const floa
   const float inv = rstd[row];
   const float scale = glue::rms_norm_backward_scale<ScalarMath>(inv, block_sum(dot), dim);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float residual =
+        grad_residual == nullptr ? 0.0f : static_cast<float>(grad_residual[row * dim + i]);
     grad_x[row * dim + i] = static_cast<T>(glue::rms_norm_grad_input<ScalarMath>(
-        static_cast<float>(gr[i]), static_cast<float>(xr[i]), weight[i], inv, scale));
+        static_cast<float>(gr[i]), static_cast<float>(xr[i]), weight[i], inv, scale, residual));
   }
 }
 
@@ -150,30 +162,34 @@ __global__ void sum_partials_kernel(const float* partials, int64_t blocks, int64
 
 // ---- RoPE ----
 
-// A thread per pair (i, i + D/2) of a row; rows are [B, T, H] flattened, and token t takes the
-// tables' row t % table_rows (T rows shared by the batch, or B x T of each token's own).
+// A block of kRotaryThreads pairs of kRotaryTokens tokens of one head of one sequence: the grid is
+// (tokens / kRotaryTokens, heads, batch), so a thread finds its row and its tables' row with no
+// division, and a head that is copied is copied by whole blocks. Each thread takes the pairs
+// (i, i + D/2) of its token from threadIdx.x on, kRotaryThreads apart. The tables hold T rows
+// shared by the batch, or B x T of each token's own position (per_row_tables).
 template <typename T>
-__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, int64_t rows,
-                              int64_t heads, int64_t rotated_heads, int64_t table_rows, int64_t dim,
-                              bool inverse, T* out) {
+__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, int64_t tokens,
+                              int64_t heads, int64_t rotated_heads, bool per_row_tables,
+                              int64_t dim, bool inverse, T* out) {
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (token >= tokens) return;
+  const int64_t batch = blockIdx.z;
+  const int64_t head = blockIdx.y;
   const int64_t half = dim / 2;
-  const int64_t pairs = rows * half;
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = p / half;
-    const int64_t i = p % half;
-    const int64_t at = row * dim + i;
-    if (row % heads >= rotated_heads) {
+  const int64_t row = ((batch * tokens + token) * heads + head) * dim;
+  const int64_t table = (per_row_tables ? batch * tokens + token : token) * dim;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const int64_t at = row + i;
+    if (head >= rotated_heads) {
       out[at] = x[at];
       out[at + half] = x[at + half];
       continue;
     }
-    const int64_t table = ((row / heads) % table_rows) * dim + i;
     float first;
     float second;
     glue::rotate_pair<ScalarMath>(static_cast<float>(x[at]), static_cast<float>(x[at + half]),
-                                  cos[table], sin[table], cos[table + half], sin[table + half],
-                                  inverse, first, second);
+                                  cos[table + i], sin[table + i], cos[table + half + i],
+                                  sin[table + half + i], inverse, first, second);
     out[at] = static_cast<T>(first);
     out[at + half] = static_cast<T>(second);
   }
@@ -181,13 +197,15 @@ __global__ void rotary_kernel(const T* x, const float* cos, const float* sin, in
 
 // ---- SwiGLU ----
 
+// The grid is (width / kElementThreads, rows): a thread per column of a row, rows kMaxGridY apart
+// beyond the grid, so that no thread divides to find its row.
 template <typename T>
 __global__ void swiglu_forward_kernel(const T* gate_up, int64_t rows, int64_t width, T* out) {
-  const int64_t n = rows * width;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t gate = (e / width) * 2 * width + e % width;
-    out[e] = static_cast<T>(glue::swiglu_output<ScalarMath>(
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= width) return;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const int64_t gate = row * 2 * width + column;
+    out[row * width + column] = static_cast<T>(glue::swiglu_output<ScalarMath>(
         static_cast<float>(gate_up[gate]), static_cast<float>(gate_up[gate + width])));
   }
 }
@@ -195,14 +213,14 @@ __global__ void swiglu_forward_kernel(const T* gate_up, int64_t rows, int64_t wi
 template <typename T>
 __global__ void swiglu_backward_kernel(const T* grad, const T* gate_up, int64_t rows, int64_t width,
                                        T* grad_gate_up) {
-  const int64_t n = rows * width;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t gate = (e / width) * 2 * width + e % width;
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= width) return;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const int64_t gate = row * 2 * width + column;
     float grad_gate;
     float grad_up;
     glue::swiglu_backward<ScalarMath>(
-        static_cast<float>(grad[e]), static_cast<float>(gate_up[gate]),
+        static_cast<float>(grad[row * width + column]), static_cast<float>(gate_up[gate]),
         static_cast<float>(gate_up[gate + width]), grad_gate, grad_up);
     grad_gate_up[gate] = static_cast<T>(grad_gate);
     grad_gate_up[gate + width] = static_cast<T>(grad_up);
@@ -266,39 +284,52 @@ void for_dtype(at::ScalarType dtype, const F& f) {
 
 int64_t rows_of(const at::Tensor& t) { return t.numel() == 0 ? 0 : t.numel() / t.size(-1); }
 
-unsigned element_blocks(int64_t n) {
-  return static_cast<unsigned>(
-      std::min((n + kElementThreads - 1) / kElementThreads, kMaxElementBlocks));
-}
-
 unsigned column_blocks(int64_t dim) {
   return static_cast<unsigned>((dim + kElementThreads - 1) / kElementThreads);
 }
+
+// A grid's y extent for `rows`, past which its kernels stride.
+unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(std::min(rows, kMaxGridY)); }
+
+// What every launch starts with: the tensor's device made current, and that device's current
+// stream.
+struct LaunchOn {
+  explicit LaunchOn(const at::Tensor& t)
+      : guard(t.device()), stream(c10::cuda::getCurrentCUDAStream()) {}
+  const c10::cuda::CUDAGuard guard;
+  const cudaStream_t stream;
+};
 
 }  // namespace
 
 bool built() { return true; }
 
-void rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
-                      const at::Tensor& out, const at::Tensor& rstd) {
+void rms_norm_forward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps, const at::Tensor& sum, const at::Tensor& out,
+                      const at::Tensor& rstd) {
   const int64_t rows = rows_of(x);
   if (rows == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(x);
   for_dtype(x.scalar_type(), [&](auto x_tag) {
     using T = decltype(x_tag);
-    for_dtype(out.scalar_type(), [&](auto out_tag) {
-      using Out = decltype(out_tag);
-      rms_norm_forward_kernel<T, Out><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          x.const_data_ptr<T>(), weight.const_data_ptr<float>(), static_cast<float>(eps),
-          x.size(-1), out.mutable_data_ptr<Out>(), rstd.mutable_data_ptr<float>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    for_dtype(delta.defined() ? delta.scalar_type() : x.scalar_type(), [&](auto delta_tag) {
+      using D = decltype(delta_tag);
+      for_dtype(out.scalar_type(), [&](auto out_tag) {
+        using Out = decltype(out_tag);
+        rms_norm_forward_kernel<T, D, Out>
+            <<<static_cast<unsigned>(rows), kRowThreads, 0, launch.stream>>>(
+                x.const_data_ptr<T>(), delta.defined() ? delta.const_data_ptr<D>() : nullptr,
+                weight.const_data_ptr<float>(), static_cast<float>(eps), x.size(-1),
+                sum.defined() ? sum.mutable_data_ptr<T>() : nullptr, out.mutable_data_ptr<Out>(),
+                rstd.mutable_data_ptr<float>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
   });
 }
 
-void rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                       const at::Tensor& rstd, const at::Tensor& grad_x,
+void rms_norm_backward(const at::Tensor& grad, const at::Tensor& grad_residual, const at::Tensor& x,
+                       const at::Tensor& weight, const at::Tensor& rstd, const at::Tensor& grad_x,
                        const at::Tensor& grad_weight) {
   const int64_t rows = rows_of(x);
   const int64_t dim = x.size(-1);
@@ -306,54 +337,64 @@ void rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Te
     grad_weight.zero_();
     return;
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(x);
   const int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
   const at::Tensor partials = at::empty({blocks, dim}, weight.options());
   for_dtype(x.scalar_type(), [&](auto x_tag) {
     using T = decltype(x_tag);
     for_dtype(grad.scalar_type(), [&](auto grad_tag) {
       using G = decltype(grad_tag);
-      rms_norm_grad_input_kernel<T, G><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          grad.const_data_ptr<G>(), x.const_data_ptr<T>(), weight.const_data_ptr<float>(),
-          rstd.const_data_ptr<float>(), dim, grad_x.mutable_data_ptr<T>());
+      rms_norm_grad_input_kernel<T, G>
+          <<<static_cast<unsigned>(rows), kRowThreads, 0, launch.stream>>>(
+              grad.const_data_ptr<G>(),
+              grad_residual.defined() ? grad_residual.const_data_ptr<T>() : nullptr,
+              x.const_data_ptr<T>(), weight.const_data_ptr<float>(), rstd.const_data_ptr<float>(),
+              dim, grad_x.mutable_data_ptr<T>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      const dim3 grid(column_blocks(dim), static_cast<unsigned>(std::min(blocks, kMaxGridY)));
-      rms_norm_weight_partials_kernel<T, G><<<grid, kElementThreads, 0, stream>>>(
+      const dim3 grid(column_blocks(dim), grid_rows(blocks));
+      rms_norm_weight_partials_kernel<T, G><<<grid, kElementThreads, 0, launch.stream>>>(
           grad.const_data_ptr<G>(), x.const_data_ptr<T>(), rstd.const_data_ptr<float>(), rows, dim,
           partials.mutable_data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  sum_partials_kernel<<<column_blocks(dim), kElementThreads, 0, stream>>>(
+  sum_partials_kernel<<<column_blocks(dim), kElementThreads, 0, launch.stream>>>(
       partials.const_data_ptr<float>(), blocks, dim, grad_weight.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
             int64_t rotated_heads, bool inverse, const at::Tensor& out) {
-  const int64_t rows = rows_of(x);
-  if (rows == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t dim = x.size(3);
+  if (x.numel() == 0) return;
+  const int64_t batch = x.size(0);
+  const int64_t tokens = x.size(1);
+  const int64_t heads = x.size(2);
+  TORCH_CHECK(batch <= kMaxGridY && heads <= kMaxGridY, "rotary: ", batch, " sequences of ", heads,
+              " heads: the CUDA kernel takes at most ", kMaxGridY, " of each");
+  const LaunchOn launch(x);
+  const dim3 grid(static_cast<unsigned>((tokens + kRotaryTokens - 1) / kRotaryTokens),
+                  static_cast<unsigned>(heads), static_cast<unsigned>(batch));
+  const dim3 block(kRotaryThreads, kRotaryTokens);
   for_dtype(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    rotary_kernel<T><<<element_blocks(rows * dim / 2), kElementThreads, 0, stream>>>(
-        x.const_data_ptr<T>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), rows,
-        x.size(2), rotated_heads, cos.numel() / dim, dim, inverse, out.mutable_data_ptr<T>());
+    rotary_kernel<T><<<grid, block, 0, launch.stream>>>(
+        x.const_data_ptr<T>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), tokens,
+        heads, rotated_heads, /*per_row_tables=*/cos.dim() == 3, x.size(3), inverse,
+        out.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 void swiglu_forward(const at::Tensor& gate_up, const at::Tensor& out) {
   if (out.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(gate_up.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(gate_up);
+  const int64_t width = out.size(-1);
+  const int64_t rows = rows_of(out);
   for_dtype(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_forward_kernel<T><<<element_blocks(out.numel()), kElementThreads, 0, stream>>>(
-        gate_up.const_data_ptr<T>(), rows_of(out), out.size(-1), out.mutable_data_ptr<T>());
+    swiglu_forward_kernel<T>
+        <<<dim3(column_blocks(width), grid_rows(rows)), kElementThreads, 0, launch.stream>>>(
+            gate_up.const_data_ptr<T>(), rows, width, out.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -361,13 +402,15 @@ void swiglu_forward(const at::Tensor& gate_up, const at::Tensor& out) {
 void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate_up,
                      const at::Tensor& grad_gate_up) {
   if (grad.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(gate_up.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(gate_up);
+  const int64_t width = grad.size(-1);
+  const int64_t rows = rows_of(grad);
   for_dtype(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_backward_kernel<T><<<element_blocks(grad.numel()), kElementThreads, 0, stream>>>(
-        grad.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(grad), grad.size(-1),
-        grad_gate_up.mutable_data_ptr<T>());
+    swiglu_backward_kernel<T>
+        <<<dim3(column_blocks(width), grid_rows(rows)), kElementThreads, 0, launch.stream>>>(
+            grad.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows, width,
+            grad_gate_up.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -377,12 +420,11 @@ void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
                            const at::Tensor& row_log_sum) {
   const int64_t rows = rows_of(logits);
   if (rows == 0) return;
-  const c10::cuda::CUDAGuard guard(logits.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(logits);
   for_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_forward_kernel<T>
-        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, stream>>>(
+        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, launch.stream>>>(
             logits.const_data_ptr<T>(), targets.const_data_ptr<int64_t>(), logits.size(-1),
             loss.mutable_data_ptr<float>(), row_max.mutable_data_ptr<float>(),
             row_log_sum.mutable_data_ptr<float>());
@@ -395,12 +437,11 @@ void cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logit
                             const at::Tensor& row_log_sum, const at::Tensor& grad_logits) {
   const int64_t rows = rows_of(logits);
   if (rows == 0) return;
-  const c10::cuda::CUDAGuard guard(logits.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const LaunchOn launch(logits);
   for_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_backward_kernel<T>
-        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, stream>>>(
+        <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, launch.stream>>>(
             grad_loss.const_data_ptr<float>(), logits.const_data_ptr<T>(),
             targets.const_data_ptr<int64_t>(), row_max.const_data_ptr<float>(),
             row_log_sum.const_data_ptr<float>(), rows, logits.size(-1),

@@ -17,14 +17,18 @@ namespace mltrain::cuda_launch {
 bool built();
 
 // x [rows, dim] T, weight [dim] -> out [rows, dim] (fp32 or x's dtype: out's own), rstd [rows].
-void rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
-                      const at::Tensor& out, const at::Tensor& rstd);
+// With delta [rows, dim] (fp32 or bf16; undefined for none), sum [rows, dim] T gets x + delta,
+// and that is normalised.
+void rms_norm_forward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                      double eps, const at::Tensor& sum, const at::Tensor& out,
+                      const at::Tensor& rstd);
 
 // grad [rows, dim] (fp32 or x's dtype), x [rows, dim] T, weight [dim], rstd [rows]
-// -> grad_x [rows, dim] T, and grad_weight [dim], through partial sums of fixed blocks of rows
-// added in block order: the same result every run.
-void rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                       const at::Tensor& rstd, const at::Tensor& grad_x,
+// -> grad_x [rows, dim] T, plus grad_residual [rows, dim] T where it is defined, and grad_weight
+// [dim], through partial sums of fixed blocks of rows added in block order: the same result every
+// run.
+void rms_norm_backward(const at::Tensor& grad, const at::Tensor& grad_residual, const at::Tensor& x,
+                       const at::Tensor& weight, const at::Tensor& rstd, const at::Tensor& grad_x,
                        const at::Tensor& grad_weight);
 
 // x [B, T, H, D] T, tables cos and sin [T, D] or [B, T, D] -> out [B, T, H, D] T: heads

@@ -16,13 +16,13 @@ namespace {
 
 bool built() { return false; }
 
-void rms_norm_forward(const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
-                      const at::Tensor&) {
+void rms_norm_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                      const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   refuse();
 }
 
 void rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&) {
+                       const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   refuse();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/result_type.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -16,8 +17,10 @@
 // checks of their arguments and their autograd functions, over a Device that runs the kernels on
 // tensors (contiguous or not; its functions copy what they must) and gives
 //   check_input(kernel, name, t): that the tensor named is one of its device and dtypes
-//   rms_norm_forward(x, weight, eps, out_dtype) -> (output, rstd [rows])
-//   rms_norm_backward(grad, x, weight, rstd)    -> (grad_x, grad_weight)
+//   rms_norm_forward(x, delta, weight, eps, out_dtype) -> NormForward: x normalised, or with delta
+//     defined, the sum x + delta in x's dtype and that normalised
+//   rms_norm_backward(grad, grad_residual, x, weight, rstd) -> (grad_x, grad_weight): grad_x with
+//     grad_residual added where it is defined (the gradient of the sum's other use)
 //   rotate(x, cos, sin, rotated_heads, inverse) -> rotated x (inverse: by the negative angle)
 //   swiglu_forward(gate_up), swiglu_backward(grad, gate_up) -> output, grad_gate_up
 // `kernel` names the caller in the messages of TORCH_CHECK.
@@ -52,21 +55,54 @@ inline at::ScalarType rms_norm_output_dtype(c10::DeviceType device) {
   return autocast.enabled && autocast.dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
 }
 
+// What a device's rms_norm_forward gives: with a residual add, its sum (undefined without), the
+// normalised output, and each row's 1 / rms for backward.
+struct NormForward {
+  at::Tensor sum;
+  at::Tensor output;
+  at::Tensor rstd;
+};
+
 template <typename Device>
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction<Device>> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             double eps, at::ScalarType out_dtype) {
-    auto [out, rstd] = Device::rms_norm_forward(x, weight, eps, out_dtype);
-    ctx->save_for_backward({x, weight, rstd});
-    return out;
+    NormForward result = Device::rms_norm_forward(x, at::Tensor(), weight, eps, out_dtype);
+    ctx->save_for_backward({x, weight, result.rstd});
+    return result.output;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
     const variable_list saved = ctx->get_saved_variables();
-    auto [grad_x, grad_weight] = Device::rms_norm_backward(grads[0], saved[0], saved[1], saved[2]);
+    auto [grad_x, grad_weight] =
+        Device::rms_norm_backward(grads[0], at::Tensor(), saved[0], saved[1], saved[2]);
     return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// (x + delta, rms_norm(x + delta)): backward takes the sum's gradient from its other use (the
+// residual stream) and adds it to the one through the norm in the same pass, and gives the total to
+// both x and delta, in their dtypes.
+template <typename Device>
+class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction<Device>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps, at::ScalarType out_dtype) {
+    NormForward result = Device::rms_norm_forward(x, delta, weight, eps, out_dtype);
+    ctx->save_for_backward({result.sum, weight, result.rstd});
+    ctx->saved_data["delta_dtype"] = static_cast<int64_t>(delta.scalar_type());
+    return {result.sum, result.output};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_once_differentiable();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_sum, grad_weight] =
+        Device::rms_norm_backward(grads[1], grads[0], saved[0], saved[1], saved[2]);
+    const auto delta_dtype = static_cast<at::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
+    return {grad_sum, grad_sum.to(delta_dtype), grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -107,7 +143,7 @@ class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction<Device>> 
 // their CUDA namesakes (cuda_kernels.h) describe them: the arguments checked, then the autograd
 // function where autograd records, or the kernels alone.
 template <typename Device>
-at::Tensor rms_norm(const char* kernel, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void check_rms_norm_inputs(const char* kernel, const at::Tensor& x, const at::Tensor& weight) {
   Device::check_input(kernel, "x", x);
   Device::check_input(kernel, "weight", weight);
   TORCH_CHECK(weight.scalar_type() == at::kFloat, kernel, ": weight is ", weight.scalar_type(),
@@ -116,9 +152,39 @@ at::Tensor rms_norm(const char* kernel, const at::Tensor& x, const at::Tensor& w
                   weight.device() == x.device(),
               kernel, ": weight ", weight.sizes(), " on ", weight.device(), " does not match x ",
               x.sizes(), " on ", x.device());
+}
+
+template <typename Device>
+at::Tensor rms_norm(const char* kernel, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rms_norm_inputs<Device>(kernel, x, weight);
   const at::ScalarType out_dtype = rms_norm_output_dtype(x.device().type());
   if (records_graph({x, weight})) return RMSNormFunction<Device>::apply(x, weight, eps, out_dtype);
-  return Device::rms_norm_forward(x, weight, eps, out_dtype).first;
+  return Device::rms_norm_forward(x, at::Tensor(), weight, eps, out_dtype).output;
+}
+
+// Whether add_rms_norm takes this pair: the sum keeps x's dtype (fp32 + fp32 or bf16, bf16 + bf16),
+// as the composition's x + delta does, and delta is x's shape, with no broadcast.
+inline bool add_keeps_dtype_and_shape(const at::Tensor& x, const at::Tensor& delta) {
+  return at::result_type(x, delta) == x.scalar_type() && delta.sizes() == x.sizes();
+}
+
+template <typename Device>
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const char* kernel, const at::Tensor& x,
+                                               const at::Tensor& delta, const at::Tensor& weight,
+                                               double eps) {
+  check_rms_norm_inputs<Device>(kernel, x, weight);
+  Device::check_input(kernel, "delta", delta);
+  TORCH_CHECK(add_keeps_dtype_and_shape(x, delta) && delta.device() == x.device(), kernel,
+              ": delta ", delta.sizes(), " (", delta.scalar_type(), ") on ", delta.device(),
+              " must be x's shape on x's device, and x + delta of x's dtype: x is ", x.sizes(),
+              " (", x.scalar_type(), ") on ", x.device());
+  const at::ScalarType out_dtype = rms_norm_output_dtype(x.device().type());
+  if (records_graph({x, delta, weight})) {
+    variable_list outputs = AddRMSNormFunction<Device>::apply(x, delta, weight, eps, out_dtype);
+    return {outputs[0], outputs[1]};
+  }
+  NormForward result = Device::rms_norm_forward(x, delta, weight, eps, out_dtype);
+  return {result.sum, result.output};
 }
 
 template <typename Device>

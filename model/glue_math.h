@@ -7,7 +7,7 @@
 
 // The arithmetic of the fused glue kernels, written once for every device: the CPU kernels
 // (cpu_kernels.cpp) run it on at::vec lanes, the CUDA kernels (cuda_launch.cu) on one float per
-// thread, and tests/model/glue_math_test.cpp X
+// thread, and tests/model/glue_math_test.cpp runs the CUDA kernels' instantiation on
 // the CPU against the ATen compositions. Only the loops, the loads and stores, and the reductions
 // across a row differ between devices.
 //
@@ -26,6 +26,13 @@ namespace mltrain::glue {
 
 // ---- RMSNorm: x / sqrt(mean(x^2) + eps), rounded to x's dtype, times the fp32 weight ----
 
+// The residual add folded into the norm that follows it: x + delta in x's dtype T, as the
+// composition's x + delta is where the sum keeps x's dtype (fp32 + bf16, or bf16 + bf16).
+template <typename Math, typename T, typename V>
+C10_HOST_DEVICE V residual_add(V x, V delta) {
+  return Math::template round<T>(x + delta);
+}
+
 // 1 / sqrt(mean + eps) of a row's sum of squares: mean, + eps in fp32, then 1 / sqrt, as the
 // composition's rsqrt(x32.pow(2).mean(-1) + eps).
 template <typename Math>
@@ -38,16 +45,17 @@ C10_HOST_DEVICE V rms_norm_output(V x, V rstd, V weight) {
   return Math::template round<T>(x * rstd) * weight;
 }
 
-// Backward, with g the output's gradient: grad_x = rstd * g * w - rstd^3 * mean(g * w * x) * x.
-// The row's part, from its sum of g * w * x:
+// Backward, with g the output's gradient: grad_x = rstd * g * w - rstd^3 * mean(g * w * x) * x,
+// plus grad_residual, the gradient x takes on the residual stream where the add is folded in (zero
+// where it is not). The row's part, from its sum of g * w * x:
 template <typename Math>
 C10_HOST_DEVICE float rms_norm_backward_scale(float rstd, float dot, int64_t dim) {
   return rstd * rstd * rstd * dot / static_cast<float>(dim);
 }
 
 template <typename Math, typename V>
-C10_HOST_DEVICE V rms_norm_grad_input(V grad, V x, V weight, V rstd, V scale) {
-  return rstd * (grad * weight) - scale * x;
+C10_HOST_DEVICE V rms_norm_grad_input(V grad, V x, V weight, V rstd, V scale, V grad_residual) {
+  return rstd * (grad * weight) - scale * x + grad_residual;
 }
 
 // One row's term of the weight's gradient, sum over rows of g * normed.

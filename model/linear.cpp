@@ -37,60 +37,44 @@ void check_once_differentiable() {
               "supported (train.kernels: aten is)");
 }
 
+// x @ weight^T computed in `dtype`: the fp32 weight's own, or under bf16 autocast on CUDA bf16,
+// the product of autocast's bf16 casts of x and the weight (the weight's from autocast's cache,
+// which WeightCastCache keeps across micro-steps), which backward keeps, as autocast's at::linear
+// would. Backward adds the weight's gradient into .grad inside its GEMM (in bf16, a GEMM that
+// writes fp32), with no gradient tensor of its own and no separate add.
+//
 // A saved leaf unpacks as the parameter itself, whose .grad backward updates. The weight's
 // gradient output stays undefined, so its AccumulateGrad adds nothing; in torch 2.11 it still runs
 // the weight's post-accumulate-grad hook (the gradient reducer's signal that the gradient is in),
 // after this node, once per backward: linear_test.cpp holds the version to that.
 class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    ctx->save_for_backward({x, weight});
-    return at::linear(x, weight);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_once_differentiable();
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
-    const at::Tensor grad_rows = as_rows(grads[0]);
-    at::Tensor grad_x;
-    if (ctx->needs_input_grad(0)) grad_x = grad_rows.mm(weight).view(x.sizes());
-    if (ctx->needs_input_grad(1)) accumulate_weight_grad(weight, grad_rows.t(), as_rows(x));
-    return {grad_x, at::Tensor()};
-  }
-};
-
-// The same under bf16 autocast on CUDA: the product of autocast's bf16 casts of x and the weight
-// (the weight's from autocast's cache, which WeightCastCache keeps across micro-steps), which
-// backward keeps, as autocast's at::linear would; the weight's gradient is a bf16 GEMM that adds
-// its fp32 result into .grad, with no bf16 gradient and no separate add.
-class Bf16ProjectionFunction : public torch::autograd::Function<Bf16ProjectionFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    const at::Tensor x16 = at::autocast::cached_cast(at::kBFloat16, x, c10::DeviceType::CUDA);
-    at::Tensor weight16;
-    {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            at::ScalarType dtype) {
+    at::Tensor x_cast = x;
+    at::Tensor weight_cast = weight;
+    if (dtype == at::kBFloat16) {
+      x_cast = at::autocast::cached_cast(at::kBFloat16, x, c10::DeviceType::CUDA);
       // The cast autocast caches is one any later user of the cache may take, so it is made as
       // autocast makes it, with its gradient's path to the weight (forward runs without grad).
       const at::AutoGradMode recorded(true);
-      weight16 = at::autocast::cached_cast(at::kBFloat16, weight, c10::DeviceType::CUDA);
+      weight_cast = at::autocast::cached_cast(at::kBFloat16, weight, c10::DeviceType::CUDA);
     }
-    ctx->save_for_backward({x16, weight16, weight});
-    return at::linear(x16, weight16);
+    ctx->save_for_backward({x_cast, weight_cast, weight});
+    return at::linear(x_cast, weight_cast);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& x16 = saved[0];
-    const at::Tensor& weight16 = saved[1];
-    const at::Tensor grad_rows = as_rows(grads[0]).to(at::kBFloat16);
-    // In bf16; autograd casts it to x's dtype, as autocast's cast would in backward.
+    const at::Tensor& x_cast = saved[0];
+    const at::Tensor& weight_cast = saved[1];
+    const at::Tensor grad_rows = as_rows(grads[0]).to(x_cast.scalar_type());
+    // In the product's dtype; autograd casts it to x's, as autocast's cast would in backward.
     at::Tensor grad_x;
-    if (ctx->needs_input_grad(0)) grad_x = grad_rows.mm(weight16).view(x16.sizes());
-    if (ctx->needs_input_grad(1)) accumulate_weight_grad(saved[2], grad_rows.t(), as_rows(x16));
-    return {grad_x, at::Tensor()};
+    if (ctx->needs_input_grad(0)) grad_x = grad_rows.mm(weight_cast).view(x_cast.sizes());
+    if (ctx->needs_input_grad(1)) accumulate_weight_grad(saved[2], grad_rows.t(), as_rows(x_cast));
+    return {grad_x, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -114,9 +98,11 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, Kernels kernel
   if (ours && takes_gradient_in_place(weight)) {
     const c10::DeviceType device = x.device().type();
     if (!at::autocast::is_autocast_enabled(device) && x.scalar_type() == at::kFloat) {
-      return ProjectionFunction::apply(x, weight);
+      return ProjectionFunction::apply(x, weight, at::kFloat);
     }
-    if (x.is_cuda() && bf16_autocast(device)) return Bf16ProjectionFunction::apply(x, weight);
+    if (x.is_cuda() && bf16_autocast(device)) {
+      return ProjectionFunction::apply(x, weight, at::kBFloat16);
+    }
   }
   return at::linear(x, weight);
 }

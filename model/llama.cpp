@@ -41,8 +41,9 @@ BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels)
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               int64_t start_pos, KVCache* cache, int64_t layer,
                               const DocumentAttention* documents) {
-  const at::Tensor h = x + attn(attn_norm(x), cos, sin, start_pos, cache, layer, documents);
-  return h + ffn(ffn_norm(h));
+  const auto [h, normed] = ffn_norm->add_then_forward(
+      x, attn(attn_norm(x), cos, sin, start_pos, cache, layer, documents));
+  return h + ffn(normed);
 }
 
 LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels)
@@ -171,7 +172,8 @@ at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets,
   }
   const at::Tensor logits = at::linear(h, output_weight());
   if (runs_fused_cuda(kernels_, logits)) {
-    return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten());
+    return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                              /*gradient_overwrites_logits=*/true);
   }
   return next_token_loss(logits, targets);
 }

@@ -22,7 +22,9 @@ class DocumentAttention;
 class KVCache;
 struct PackedDocuments;
 
-// Pre-norm decoder block: x + attn(attn_norm(x)), then h + ffn(ffn_norm(h)).
+// Pre-norm decoder block: h = x + attn(attn_norm(x)), then h + ffn(ffn_norm(h)). The first add is
+// folded into ffn_norm (RMSNormImpl::add_then_forward); the second is the next block's input, which
+// checkpointing keeps.
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& config, Kernels kernels);

@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 #include "model/cpu_kernels.h"
 #include "model/cuda_kernels.h"
+#include "model/fused_function.h"
 
 namespace mltrain {
 
@@ -16,6 +19,22 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
     if (runs_fused_cuda(kernels_, x)) return cuda_rms_norm(x, weight, eps_);
   }
   return rms_norm_composition(x, weight, eps_);
+}
+
+std::pair<at::Tensor, at::Tensor> RMSNormImpl::add_then_forward(const at::Tensor& residual,
+                                                                const at::Tensor& delta) {
+  if (weight.scalar_type() == at::kFloat &&
+      fused_function::add_keeps_dtype_and_shape(residual, delta)) {
+    if (runs_fused_cpu(kernels_, residual) && runs_fused_cpu(kernels_, delta)) {
+      return fused_add_rms_norm(residual, delta, weight, eps_);
+    }
+    if (runs_fused_cuda(kernels_, residual) && runs_fused_cuda(kernels_, delta)) {
+      return cuda_add_rms_norm(residual, delta, weight, eps_);
+    }
+  }
+  at::Tensor sum = residual + delta;
+  at::Tensor normed = forward(sum);
+  return {std::move(sum), std::move(normed)};
 }
 
 at::Tensor rms_norm_composition(const at::Tensor& x, const at::Tensor& weight, double eps) {

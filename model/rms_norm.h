@@ -3,6 +3,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <utility>
+
 #include "model/kernels.h"
 
 namespace mltrain {
@@ -17,6 +19,12 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, Kernels kernels);
   at::Tensor forward(const at::Tensor& x);
+
+  // (residual + delta, forward of that): a block's residual add and the norm after it. The fused
+  // kernels make it one pass where they take the pair (the sum keeps the residual's dtype);
+  // otherwise it is the add and then forward.
+  std::pair<at::Tensor, at::Tensor> add_then_forward(const at::Tensor& residual,
+                                                     const at::Tensor& delta);
 
   at::Tensor weight;
 

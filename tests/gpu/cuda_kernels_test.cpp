@@ -1,12 +1,14 @@
 // mltrain's CUDA kernels against the ATen compositions they replace, on the GPU: forward values
 // and the gradient of every input, in fp32 and bf16, at odd sizes and from inputs that are not
-// contiguous; RMSNorm under autocast, which gives the autocast dtype; the weight gradient's sum
-// repeatable bit for bit; and the model built with them against the model built with ATen's.
-// train.kernels: auto keeps the ATen layers on CUDA until these have passed on a GPU.
+// contiguous; RMSNorm with the residual add folded in; RMSNorm under autocast, which gives the
+// autocast dtype; the weight gradient's sum repeatable bit for bit; and the model built with them
+// against the model built with ATen's. train.kernels: auto keeps the ATen layers on CUDA until
+// these have passed on a GPU.
 #include "model/cuda_kernels.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
 #include <cmath>
@@ -107,6 +109,40 @@ TEST_F(CudaKernels, RMSNormGradientsRepeatBitForBit) {
   EXPECT_TRUE(at::equal(first.grads[1], second.grads[1]));
   EXPECT_LE(relative_error(first.grads[1], run_with_grad(composed_norm, inputs, upstream).grads[1]),
             kFp32Tolerance);
+}
+
+// ---- RMSNorm with the residual add folded in ----
+
+// The sum and the norm through both outputs, and the gradients of x, delta (a transposed view) and
+// the weight: fp32, the bf16 delta a projection gives under autocast, and bf16 throughout; then
+// under autocast, where the sum stays fp32 and the norm gives bf16.
+TEST_F(CudaKernels, RMSNormWithTheResidualAddMatchesTheComposition) {
+  at::manual_seed(603);
+  const auto fused = [](const std::vector<at::Tensor>& in) {
+    const auto [sum, normed] = cuda_add_rms_norm(in[0], in[1], in[2], 1e-6);
+    return testing::joined({sum, normed});
+  };
+  for (const auto& [x_dtype, delta_dtype] : testing::kResidualAddDtypes) {
+    SCOPED_TRACE(::testing::Message() << "x " << x_dtype << ", delta " << delta_dtype);
+    const std::vector<at::Tensor> inputs = {
+        (at::randn({3, 5, 515}, cuda) * at::logspace(-4, 2, 5, 10.0, cuda).view({1, 5, 1}))
+            .to(x_dtype),
+        at::randn({3, 515, 5}, cuda).to(delta_dtype).transpose(1, 2),
+        1.0 + 0.5 * at::randn({515}, cuda)};
+    const at::Tensor upstream = at::randn({2 * inputs[0].numel()}, cuda);
+    expect_close(run_with_grad(fused, inputs, upstream),
+                 run_with_grad(testing::composed_add_norm, inputs, upstream), tolerance(x_dtype));
+    const auto [sum, normed] = cuda_add_rms_norm(inputs[0], inputs[1], inputs[2], 1e-6);
+    EXPECT_TRUE(at::equal(sum, inputs[0] + inputs[1]));
+    EXPECT_EQ(normed.scalar_type(), at::kFloat);
+  }
+  const at::Tensor x = at::randn({7, 131}, cuda);
+  const at::Tensor delta = at::randn({7, 131}, cuda).to(at::kBFloat16);
+  const at::Tensor weight = at::randn({131}, cuda);
+  const AutocastGuard autocast(at::Device(at::kCUDA), /*enabled=*/true);
+  const auto [sum, normed] = cuda_add_rms_norm(x, delta, weight, 1e-6);
+  EXPECT_EQ(sum.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(normed, cuda_rms_norm(x + delta, weight, 1e-6)));
 }
 
 // ---- RoPE ----
@@ -213,6 +249,33 @@ TEST_F(CudaKernels, CrossEntropyTakesSmallVocabulariesInfinitiesAndNaN) {
   EXPECT_TRUE(at::all(fused.grads[0].select(1, 9) == 0).item<bool>());
   logits[3][7] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isnan(cuda_cross_entropy(logits, targets).item<double>()));
+}
+
+// Asked to, backward writes the gradient over the logits (the model's loss asks): the same
+// gradient, in the logits' memory, and a second backward through them is refused. Not asked, the
+// caller's logits are left as they were.
+TEST_F(CudaKernels, CrossEntropyWritesItsGradientOverTheLogitsOnlyWhenAsked) {
+  at::manual_seed(607);
+  const at::Tensor leaf = at::randn({37, 1001}, cuda).requires_grad_();
+  const at::Tensor targets = at::randint(1001, {37}, cuda.dtype(at::kLong));
+  const at::Tensor expected =
+      torch::autograd::grad({at::cross_entropy_loss(leaf, targets)}, {leaf})[0];
+  for (const bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwritten" : "kept");
+    const at::Tensor logits = leaf * 1.0f;  // a non-leaf, as the output projection's
+    const at::Tensor before = logits.detach().clone();
+    const at::Tensor loss = cuda_cross_entropy(logits, targets, overwrite);
+    const at::Tensor grad = torch::autograd::grad({loss}, {logits}, {}, /*retain_graph=*/true)[0];
+    EXPECT_LE(relative_error(grad, expected), kFp32Tolerance);
+    EXPECT_EQ(grad.data_ptr() == logits.data_ptr(), overwrite);
+    EXPECT_EQ(at::equal(logits.detach(), before), !overwrite);
+    if (overwrite) {
+      EXPECT_THROW(torch::autograd::grad({loss}, {logits}), c10::Error);
+    } else {
+      EXPECT_LE(relative_error(torch::autograd::grad({loss}, {logits})[0], expected),
+                kFp32Tolerance);
+    }
+  }
 }
 
 // ---- the projections ----

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/autocast_region.h"
@@ -134,6 +135,51 @@ TEST_F(FusedKernelRMSNorm, GradientsAreBitwiseTheSameOnAnyNumberOfThreads) {
   EXPECT_LE(
       relative_error(runs[0].grads[1], run_with_grad(composed_norm, inputs, upstream).grads[1]),
       kFp32Tolerance);
+}
+
+// ---- RMSNorm with the residual add folded in ----
+
+const auto fused_add_norm = [](const std::vector<at::Tensor>& in) {
+  const auto [sum, normed] = fused_add_rms_norm(in[0], in[1], in[2], 1e-6);
+  return testing::joined({sum, normed});
+};
+
+// The residual x (rows scaled as norm_inputs'), a delta in delta_dtype read through a transposed
+// view, and a weight: x [3, 5, 37].
+std::vector<at::Tensor> add_norm_inputs(at::ScalarType x_dtype, at::ScalarType delta_dtype) {
+  std::vector<at::Tensor> inputs = norm_inputs(x_dtype);
+  const at::Tensor delta = at::randn({3, 37, 5}).to(delta_dtype).transpose(1, 2);
+  return {inputs[0], delta, inputs[1]};
+}
+
+// The sum and the norm, and the gradients of x, delta and the weight, through both outputs: fp32,
+// the bf16 delta that a projection gives under autocast, and bf16 throughout.
+TEST_F(FusedKernelRMSNorm, WithTheResidualAddMatchesTheComposition) {
+  at::manual_seed(104);
+  for (const auto& [x_dtype, delta_dtype] : testing::kResidualAddDtypes) {
+    SCOPED_TRACE(::testing::Message() << "x " << x_dtype << ", delta " << delta_dtype);
+    const std::vector<at::Tensor> inputs = add_norm_inputs(x_dtype, delta_dtype);
+    ASSERT_FALSE(inputs[1].is_contiguous());
+    const at::Tensor upstream = at::randn({2 * inputs[0].numel()});
+    const ForwardBackward fused = run_with_grad(fused_add_norm, inputs, upstream);
+    expect_close(fused, run_with_grad(testing::composed_add_norm, inputs, upstream),
+                 x_dtype == at::kFloat ? kFp32Tolerance : kBf16Tolerance);
+    const auto [sum, normed] = fused_add_rms_norm(inputs[0], inputs[1], inputs[2], 1e-6);
+    EXPECT_EQ(sum.scalar_type(), x_dtype);
+    EXPECT_EQ(normed.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(sum, inputs[0] + inputs[1]));
+  }
+}
+
+// Under autocast the residual stays fp32 and the norm gives bf16, as fused_rms_norm does.
+TEST_F(FusedKernelRMSNorm, WithTheResidualAddGivesBf16UnderBf16Autocast) {
+  at::manual_seed(105);
+  const std::vector<at::Tensor> inputs = add_norm_inputs(at::kFloat, at::kBFloat16);
+  const AutocastGuard autocast(at::Device(at::kCPU), /*enabled=*/true);
+  const auto [sum, normed] = fused_add_rms_norm(inputs[0], inputs[1], inputs[2], 1e-6);
+  EXPECT_EQ(sum.scalar_type(), at::kFloat);
+  EXPECT_EQ(normed.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(normed, fused_rms_norm(inputs[0] + inputs[1], inputs[2], 1e-6)));
 }
 
 // ---- RoPE ----
@@ -321,6 +367,11 @@ TEST_F(FusedKernel, RefusesWhatItDoesNotTake) {
   EXPECT_THROW(fused_rotary(x, t.cos, t.sin, -1), c10::Error);
   EXPECT_THROW(fused_swiglu(x.narrow(3, 0, 73)), c10::Error);
   EXPECT_THROW(fused_swiglu(x.to(at::kDouble)), c10::Error);
+  const at::Tensor w = at::ones({74});
+  // bf16 + fp32 is fp32: the sum would not keep the residual's dtype.
+  EXPECT_THROW(fused_add_rms_norm(x.to(at::kBFloat16), x, w, 1e-6), c10::Error);
+  EXPECT_THROW(fused_add_rms_norm(x, x.narrow(0, 0, 1), w, 1e-6), c10::Error);
+  EXPECT_THROW(fused_add_rms_norm(x, x.to(at::kDouble), w, 1e-6), c10::Error);
 }
 
 // Layers built with the fused CPU kernels run them, and the composition for dtypes the kernels do
@@ -342,9 +393,19 @@ TEST_F(FusedKernelLayers, LayersRunTheKernelsTheyAreBuiltWith) {
   EXPECT_NE(node_name(swiglu(gate_up, Kernels::fused_cpu)).find("SwiGLUFunction"),
             std::string::npos);
   EXPECT_EQ(node_name(norm(x.to(at::kDouble))).find("RMSNormFunction"), std::string::npos);
+  const at::Tensor delta = at::randn({2, 5, 37});
+  EXPECT_NE(node_name(norm->add_then_forward(x, delta).second).find("AddRMSNormFunction"),
+            std::string::npos);
+  // bf16 + fp32 would change the residual's dtype: the add, then the norm.
+  const auto [bf16_sum, bf16_normed] = norm->add_then_forward(x.to(at::kBFloat16), delta);
+  EXPECT_EQ(bf16_sum.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(bf16_normed, norm(x.to(at::kBFloat16) + delta)));
 
   EXPECT_TRUE(at::equal(aten_norm(x), rms_norm_composition(x, aten_norm->weight, 1e-6)));
   EXPECT_EQ(node_name(aten_norm(x)), node_name(rms_norm_composition(x, aten_norm->weight, 1e-6)));
+  const auto [aten_sum, aten_normed] = aten_norm->add_then_forward(x, delta);
+  EXPECT_EQ(node_name(aten_sum), node_name(x + delta));
+  EXPECT_TRUE(at::equal(aten_normed, rms_norm_composition(x + delta, aten_norm->weight, 1e-6)));
   const at::Tensor rotated = rotate_heads(heads, t.cos, t.sin, Kernels::aten, 2);
   EXPECT_TRUE(at::equal(rotated, rotate_leading_heads(heads, t.cos, t.sin, 2)));
   EXPECT_EQ(node_name(rotated), node_name(rotate_leading_heads(heads, t.cos, t.sin, 2)));

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "model/feed_forward.h"
@@ -44,13 +45,17 @@ struct NormResult {
 };
 
 // As the CUDA kernels: a row's sum of squares, its rstd, its outputs; backward a row's dot, its
-// input gradient, and the weight's gradient summed over the rows.
+// input gradient (plus grad_residual's, where the add is folded in), and the weight's gradient
+// summed over the rows.
 template <typename T>
 NormResult rms_norm_by_rows(const at::Tensor& x_in, const at::Tensor& weight_in,
-                            const at::Tensor& upstream_in, float eps) {
+                            const at::Tensor& upstream_in, float eps,
+                            const at::Tensor& grad_residual = at::Tensor()) {
   const at::Tensor x = fp32_copy(x_in).view({-1, x_in.size(-1)});
   const at::Tensor w = fp32_copy(weight_in);
   const at::Tensor g = fp32_copy(upstream_in).view_as(x);
+  const at::Tensor residual =
+      grad_residual.defined() ? fp32_copy(grad_residual).view_as(x) : at::zeros_like(x);
   const int64_t rows = x.size(0);
   const int64_t dim = x.size(1);
   at::Tensor out = at::empty_like(x);
@@ -73,8 +78,8 @@ NormResult rms_norm_by_rows(const at::Tensor& x_in, const at::Tensor& weight_in,
       const float v = xp[r * dim + i];
       const float gi = gp[r * dim + i];
       out.data_ptr<float>()[r * dim + i] = glue::rms_norm_output<ScalarMath, T>(v, rstd, wp[i]);
-      grad_x.data_ptr<float>()[r * dim + i] =
-          glue::rms_norm_grad_input<ScalarMath>(gi, v, wp[i], rstd, scale);
+      grad_x.data_ptr<float>()[r * dim + i] = glue::rms_norm_grad_input<ScalarMath>(
+          gi, v, wp[i], rstd, scale, residual.const_data_ptr<float>()[r * dim + i]);
       grad_w.data_ptr<float>()[i] += glue::rms_norm_grad_weight_term<ScalarMath, T>(gi, v, rstd);
     }
   }
@@ -98,6 +103,49 @@ TEST(GlueMathRMSNorm, MatchesTheComposition) {
     EXPECT_LE(relative_error(ours.output, composed.output), kFp32Tolerance) << dtype;
     EXPECT_LE(relative_error(ours.grad_x, composed.grads[0]), tolerance) << dtype;
     EXPECT_LE(relative_error(ours.grad_weight, composed.grads[1]), kFp32Tolerance) << dtype;
+  }
+}
+
+// x + delta element by element as the kernels add them, then normalised; backward through both
+// the sum (the residual stream's gradient) and the norm. fp32 + fp32, fp32 + bf16 (the
+// projection's output under autocast) and bf16 + bf16.
+TEST(GlueMathRMSNorm, WithTheResidualAddMatchesTheComposition) {
+  at::manual_seed(504);
+  for (const auto& [x_dtype, delta_dtype] : testing::kResidualAddDtypes) {
+    SCOPED_TRACE(::testing::Message() << "x " << x_dtype << ", delta " << delta_dtype);
+    const at::Tensor x =
+        (at::randn({3, 5, 37}) * at::logspace(-4, 2, 5).view({1, 5, 1})).to(x_dtype);
+    const at::Tensor delta = at::randn({3, 5, 37}).to(delta_dtype);
+    const at::Tensor weight = 1.0 + 0.5 * at::randn({37});
+    const at::Tensor upstream_sum = at::randn({3, 5, 37});
+    const at::Tensor upstream_norm = at::randn({3, 5, 37});
+
+    at::Tensor sum = fp32_copy(x);
+    const at::Tensor delta32 = fp32_copy(delta);
+    for (int64_t e = 0; e < sum.numel(); ++e) {
+      float& element = sum.data_ptr<float>()[e];
+      element = x_dtype == at::kFloat
+                    ? glue::residual_add<ScalarMath, float>(element, delta32.data_ptr<float>()[e])
+                    : glue::residual_add<ScalarMath, c10::BFloat16>(element,
+                                                                    delta32.data_ptr<float>()[e]);
+    }
+    sum = sum.to(x_dtype);
+    const NormResult ours =
+        x_dtype == at::kFloat
+            ? rms_norm_by_rows<float>(sum, weight, upstream_norm, 1e-6f, upstream_sum)
+            : rms_norm_by_rows<c10::BFloat16>(sum, weight, upstream_norm, 1e-6f, upstream_sum);
+
+    const ForwardBackward composed =
+        run_with_grad(testing::composed_add_norm, {x, delta, weight},
+                      at::cat({upstream_sum.flatten(), upstream_norm.flatten()}));
+    const int64_t n = x.numel();
+    const double tolerance = x_dtype == at::kFloat ? kFp32Tolerance : kBf16Tolerance;
+    EXPECT_TRUE(at::equal(sum.to(at::kFloat).flatten(), composed.output.narrow(0, 0, n)));
+    EXPECT_LE(relative_error(ours.output.flatten(), composed.output.narrow(0, n, n)),
+              kFp32Tolerance);
+    EXPECT_LE(relative_error(ours.grad_x, composed.grads[0]), tolerance);
+    EXPECT_LE(relative_error(ours.grad_x.to(delta_dtype), composed.grads[1]), tolerance);
+    EXPECT_LE(relative_error(ours.grad_weight, composed.grads[2]), kFp32Tolerance);
   }
 }
 

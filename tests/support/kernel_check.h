@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
+#include "model/rms_norm.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain::testing {
@@ -56,6 +58,26 @@ inline void expect_close(const ForwardBackward& fused, const ForwardBackward& re
     EXPECT_LE(relative_error(fused.grads[i], reference.grads[i]), tolerance) << "input " << i;
   }
 }
+
+// The outputs of a kernel that gives several as one tensor for run_with_grad, each flattened to
+// fp32 and joined, so that one upstream gradient reaches every output.
+inline at::Tensor joined(const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : outputs) flat.push_back(t.to(at::kFloat).flatten());
+  return at::cat(flat);
+}
+
+// x + delta and its RMSNorm as the ATen layers compute them, both outputs joined, of inputs
+// {x, delta, weight}: what a fused add-and-norm is held to. eps 1e-6.
+inline at::Tensor composed_add_norm(const std::vector<at::Tensor>& in) {
+  const at::Tensor sum = in[0] + in[1];
+  return joined({sum, rms_norm_composition(sum, in[2], 1e-6)});
+}
+
+// The dtypes of (residual, delta) the fused add-and-norm takes: fp32 throughout, the bf16 delta a
+// projection gives under autocast, and bf16 throughout.
+inline const std::vector<std::pair<at::ScalarType, at::ScalarType>> kResidualAddDtypes = {
+    {at::kFloat, at::kFloat}, {at::kFloat, at::kBFloat16}, {at::kBFloat16, at::kBFloat16}};
 
 inline std::vector<at::Tensor> to_float(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
