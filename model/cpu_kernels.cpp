@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/dtype_dispatch.h"
 #include "model/fused_function.h"
 
 // The kernels are built on ATen's AVX2 vector types whatever flags the rest of the project is
@@ -338,16 +339,6 @@ bool kernels_run_here() {
 #endif
 }
 
-// Calls f with a value of the C++ type of dtype, one of those fused_kernels_support takes.
-template <typename F>
-void for_dtype(at::ScalarType dtype, const F& f) {
-  if (dtype == at::kFloat) {
-    f(float{});
-  } else {
-    f(c10::BFloat16{});
-  }
-}
-
 // The kernels on tensors, for fused_function's entry points and autograd functions.
 struct CpuDevice {
   static void check_input(const char* kernel, const char* name, const at::Tensor& t) {
@@ -368,11 +359,11 @@ struct CpuDevice {
         .sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
         .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
         .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
-    for_dtype(x.scalar_type(), [&](auto x_tag) {
+    for_activation_dtype(x.scalar_type(), [&](auto x_tag) {
       using T = decltype(x_tag);
-      for_dtype(delta.defined() ? delta.scalar_type() : x.scalar_type(), [&](auto delta_tag) {
+      for_delta_dtype<T>(delta, [&](auto delta_tag) {
         using D = decltype(delta_tag);
-        for_dtype(out_dtype, [&](auto out_tag) {
+        for_activation_dtype(out_dtype, [&](auto out_tag) {
           using Out = decltype(out_tag);
           rms_norm_rows(xc.const_data_ptr<T>(), dc.defined() ? dc.const_data_ptr<D>() : nullptr,
                         wc.const_data_ptr<float>(), static_cast<float>(eps), rows_of(x), x.size(-1),
@@ -400,8 +391,8 @@ struct CpuDevice {
     at::Tensor grad_weight = at::zeros_like(weight);
     if (rows == 0 || dim == 0) return {grad_x, grad_weight};
     at::Tensor partials = at::zeros({(rows + kRowsPerBlock - 1) / kRowsPerBlock, dim}, at::kFloat);
-    for_dtype(x.scalar_type(), [&](auto x_tag) {
-      for_dtype(g.scalar_type(), [&](auto grad_tag) {
+    for_activation_dtype(x.scalar_type(), [&](auto x_tag) {
+      for_activation_dtype(g.scalar_type(), [&](auto grad_tag) {
         using T = decltype(x_tag);
         using G = decltype(grad_tag);
         rms_norm_backward_rows(g.const_data_ptr<G>(),
@@ -420,7 +411,7 @@ struct CpuDevice {
     const at::Tensor cc = cos.contiguous();
     const at::Tensor sc = sin.contiguous();
     at::Tensor out = at::empty(x.sizes(), x.options());
-    for_dtype(x.scalar_type(), [&](auto tag) {
+    for_activation_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
       rotate_rows(xc.const_data_ptr<T>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
                   rows_of(x), x.size(2), rotated_heads, cos.numel() / x.size(3), x.size(3), inverse,
@@ -435,7 +426,7 @@ struct CpuDevice {
     std::vector<int64_t> sizes = gate_up.sizes().vec();
     sizes.back() = width;
     at::Tensor out = at::empty(sizes, gate_up.options());
-    for_dtype(gate_up.scalar_type(), [&](auto tag) {
+    for_activation_dtype(gate_up.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
       swiglu_rows(input.const_data_ptr<T>(), rows_of(gate_up), width, out.data_ptr<T>());
     });
@@ -447,7 +438,7 @@ struct CpuDevice {
     // The output's gradient comes in the output's dtype, gate_up's.
     const at::Tensor g = grad.to(gate_up.scalar_type()).contiguous();
     at::Tensor grad_gate_up = at::empty_like(gate_up);
-    for_dtype(gate_up.scalar_type(), [&](auto tag) {
+    for_activation_dtype(gate_up.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
       swiglu_backward_rows(g.const_data_ptr<T>(), gate_up.const_data_ptr<T>(), rows_of(gate_up),
                            gate_up.size(-1) / 2, grad_gate_up.data_ptr<T>());

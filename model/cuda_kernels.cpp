@@ -123,8 +123,9 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_once_differentiable();
     const variable_list saved = ctx->get_saved_variables();
-    // Overwritten, each thread reads its logit before it writes its gradient there.
-    at::Tensor grad_logits = saved[0];
+    // Overwritten, each thread reads its logit before it writes its gradient there. Detached, the
+    // gradient is not the graph's node; it shares the logits' version counter, which is bumped.
+    at::Tensor grad_logits = saved[0].detach();
     if (ctx->saved_data["gradient_overwrites_logits"].toBool()) {
       grad_logits.unsafeGetTensorImpl()->bump_version();
     } else {
@@ -166,6 +167,9 @@ at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& target
                   targets.device() == logits.device(),
               "cuda_cross_entropy: logits ", logits.sizes(), " and targets ", targets.sizes(), " (",
               targets.scalar_type(), ") must be [N, V > 0] and [N] int64 on one device");
+  TORCH_CHECK(!(gradient_overwrites_logits && logits.requires_grad() && logits.is_leaf()),
+              "cuda_cross_entropy: the gradient may only overwrite logits computed for the loss, "
+              "not a leaf its caller holds");
   if (records_graph({logits})) {
     return CrossEntropyFunction::apply(logits, targets, gradient_overwrites_logits);
   }

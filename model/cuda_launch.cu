@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "model/cuda_launch.h"
+#include "model/dtype_dispatch.h"
 #include "model/glue_math.h"
 #include "model/scalar_math.h"
 
@@ -163,35 +164,37 @@ __global__ void sum_partials_kernel(const float* partials, int64_t blocks, int64
 // ---- RoPE ----
 
 // A block of kRotaryThreads pairs of kRotaryTokens tokens of one head of one sequence: the grid is
-// (tokens / kRotaryTokens, heads, batch), so a thread finds its row and its tables' row with no
-// division, and a head that is copied is copied by whole blocks. Each thread takes the pairs
-// (i, i + D/2) of its token from threadIdx.x on, kRotaryThreads apart. The tables hold T rows
-// shared by the batch, or B x T of each token's own position (per_row_tables).
+// (tokens / kRotaryTokens, heads, sequences, which stride past kMaxGridY), so a thread finds its
+// row and its tables' row with no division, and a head that is copied is copied by whole blocks.
+// Each thread takes the pairs (i, i + D/2) of its token from threadIdx.x on, kRotaryThreads apart.
+// The tables hold T rows shared by the batch, or B x T of each token's own position
+// (per_row_tables).
 template <typename T>
-__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, int64_t tokens,
-                              int64_t heads, int64_t rotated_heads, bool per_row_tables,
-                              int64_t dim, bool inverse, T* out) {
+__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, int64_t sequences,
+                              int64_t tokens, int64_t heads, int64_t rotated_heads,
+                              bool per_row_tables, int64_t dim, bool inverse, T* out) {
   const int64_t token = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (token >= tokens) return;
-  const int64_t batch = blockIdx.z;
   const int64_t head = blockIdx.y;
   const int64_t half = dim / 2;
-  const int64_t row = ((batch * tokens + token) * heads + head) * dim;
-  const int64_t table = (per_row_tables ? batch * tokens + token : token) * dim;
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const int64_t at = row + i;
-    if (head >= rotated_heads) {
-      out[at] = x[at];
-      out[at + half] = x[at + half];
-      continue;
+  for (int64_t sequence = blockIdx.z; sequence < sequences; sequence += gridDim.z) {
+    const int64_t row = ((sequence * tokens + token) * heads + head) * dim;
+    const int64_t table = (per_row_tables ? sequence * tokens + token : token) * dim;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const int64_t at = row + i;
+      if (head >= rotated_heads) {
+        out[at] = x[at];
+        out[at + half] = x[at + half];
+        continue;
+      }
+      float first;
+      float second;
+      glue::rotate_pair<ScalarMath>(static_cast<float>(x[at]), static_cast<float>(x[at + half]),
+                                    cos[table + i], sin[table + i], cos[table + half + i],
+                                    sin[table + half + i], inverse, first, second);
+      out[at] = static_cast<T>(first);
+      out[at + half] = static_cast<T>(second);
     }
-    float first;
-    float second;
-    glue::rotate_pair<ScalarMath>(static_cast<float>(x[at]), static_cast<float>(x[at + half]),
-                                  cos[table + i], sin[table + i], cos[table + half + i],
-                                  sin[table + half + i], inverse, first, second);
-    out[at] = static_cast<T>(first);
-    out[at + half] = static_cast<T>(second);
   }
 }
 
@@ -270,25 +273,13 @@ __global__ void cross_entropy_backward_kernel(const float* grad_loss, const T* l
 
 // ---- launching ----
 
-// Calls f with a value of the C++ type of an activation dtype: fp32 or bf16.
-template <typename F>
-void for_dtype(at::ScalarType dtype, const F& f) {
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "mltrain's CUDA kernels take Float or BFloat16, not ", dtype);
-  if (dtype == at::kFloat) {
-    f(float{});
-  } else {
-    f(c10::BFloat16{});
-  }
-}
-
 int64_t rows_of(const at::Tensor& t) { return t.numel() == 0 ? 0 : t.numel() / t.size(-1); }
 
 unsigned column_blocks(int64_t dim) {
   return static_cast<unsigned>((dim + kElementThreads - 1) / kElementThreads);
 }
 
-// A grid's y extent for `rows`, past which its kernels stride.
+// A grid's y or z extent for `rows`, past which its kernels stride.
 unsigned grid_rows(int64_t rows) { return static_cast<unsigned>(std::min(rows, kMaxGridY)); }
 
 // What every launch starts with: the tensor's device made current, and that device's current
@@ -310,11 +301,11 @@ void rms_norm_forward(const at::Tensor& x, const at::Tensor& delta, const at::Te
   const int64_t rows = rows_of(x);
   if (rows == 0) return;
   const LaunchOn launch(x);
-  for_dtype(x.scalar_type(), [&](auto x_tag) {
+  for_activation_dtype(x.scalar_type(), [&](auto x_tag) {
     using T = decltype(x_tag);
-    for_dtype(delta.defined() ? delta.scalar_type() : x.scalar_type(), [&](auto delta_tag) {
+    for_delta_dtype<T>(delta, [&](auto delta_tag) {
       using D = decltype(delta_tag);
-      for_dtype(out.scalar_type(), [&](auto out_tag) {
+      for_activation_dtype(out.scalar_type(), [&](auto out_tag) {
         using Out = decltype(out_tag);
         rms_norm_forward_kernel<T, D, Out>
             <<<static_cast<unsigned>(rows), kRowThreads, 0, launch.stream>>>(
@@ -340,9 +331,9 @@ void rms_norm_backward(const at::Tensor& grad, const at::Tensor& grad_residual, 
   const LaunchOn launch(x);
   const int64_t blocks = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
   const at::Tensor partials = at::empty({blocks, dim}, weight.options());
-  for_dtype(x.scalar_type(), [&](auto x_tag) {
+  for_activation_dtype(x.scalar_type(), [&](auto x_tag) {
     using T = decltype(x_tag);
-    for_dtype(grad.scalar_type(), [&](auto grad_tag) {
+    for_activation_dtype(grad.scalar_type(), [&](auto grad_tag) {
       using G = decltype(grad_tag);
       rms_norm_grad_input_kernel<T, G>
           <<<static_cast<unsigned>(rows), kRowThreads, 0, launch.stream>>>(
@@ -366,20 +357,20 @@ void rms_norm_backward(const at::Tensor& grad, const at::Tensor& grad_residual, 
 void rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
             int64_t rotated_heads, bool inverse, const at::Tensor& out) {
   if (x.numel() == 0) return;
-  const int64_t batch = x.size(0);
+  const int64_t sequences = x.size(0);
   const int64_t tokens = x.size(1);
   const int64_t heads = x.size(2);
-  TORCH_CHECK(batch <= kMaxGridY && heads <= kMaxGridY, "rotary: ", batch, " sequences of ", heads,
-              " heads: the CUDA kernel takes at most ", kMaxGridY, " of each");
+  TORCH_CHECK(heads <= kMaxGridY, "rotary: ", heads, " heads: the CUDA kernel takes at most ",
+              kMaxGridY);
   const LaunchOn launch(x);
   const dim3 grid(static_cast<unsigned>((tokens + kRotaryTokens - 1) / kRotaryTokens),
-                  static_cast<unsigned>(heads), static_cast<unsigned>(batch));
+                  static_cast<unsigned>(heads), grid_rows(sequences));
   const dim3 block(kRotaryThreads, kRotaryTokens);
-  for_dtype(x.scalar_type(), [&](auto tag) {
+  for_activation_dtype(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     rotary_kernel<T><<<grid, block, 0, launch.stream>>>(
-        x.const_data_ptr<T>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), tokens,
-        heads, rotated_heads, /*per_row_tables=*/cos.dim() == 3, x.size(3), inverse,
+        x.const_data_ptr<T>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), sequences,
+        tokens, heads, rotated_heads, /*per_row_tables=*/cos.dim() == 3, x.size(3), inverse,
         out.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -390,7 +381,7 @@ void swiglu_forward(const at::Tensor& gate_up, const at::Tensor& out) {
   const LaunchOn launch(gate_up);
   const int64_t width = out.size(-1);
   const int64_t rows = rows_of(out);
-  for_dtype(gate_up.scalar_type(), [&](auto tag) {
+  for_activation_dtype(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     swiglu_forward_kernel<T>
         <<<dim3(column_blocks(width), grid_rows(rows)), kElementThreads, 0, launch.stream>>>(
@@ -405,7 +396,7 @@ void swiglu_backward(const at::Tensor& grad, const at::Tensor& gate_up,
   const LaunchOn launch(gate_up);
   const int64_t width = grad.size(-1);
   const int64_t rows = rows_of(grad);
-  for_dtype(gate_up.scalar_type(), [&](auto tag) {
+  for_activation_dtype(gate_up.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     swiglu_backward_kernel<T>
         <<<dim3(column_blocks(width), grid_rows(rows)), kElementThreads, 0, launch.stream>>>(
@@ -421,7 +412,7 @@ void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
   const int64_t rows = rows_of(logits);
   if (rows == 0) return;
   const LaunchOn launch(logits);
-  for_dtype(logits.scalar_type(), [&](auto tag) {
+  for_activation_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_forward_kernel<T>
         <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, launch.stream>>>(
@@ -438,7 +429,7 @@ void cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& logit
   const int64_t rows = rows_of(logits);
   if (rows == 0) return;
   const LaunchOn launch(logits);
-  for_dtype(logits.scalar_type(), [&](auto tag) {
+  for_activation_dtype(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_backward_kernel<T>
         <<<static_cast<unsigned>(rows), kCrossEntropyThreads, 0, launch.stream>>>(

@@ -7,9 +7,9 @@
 
 // The arithmetic of the fused glue kernels, written once for every device: the CPU kernels
 // (cpu_kernels.cpp) run it on at::vec lanes, the CUDA kernels (cuda_launch.cu) on one float per
-// thread, and tests/model/glue_math_test.cpp runs the CUDA kernels' instantiation on
-// the CPU against the ATen compositions. Only the loops, the loads and stores, and the reductions
-// across a row differ between devices.
+// thread, and tests/model/glue_math_test.cpp runs the CUDA kernels' instantiation on the CPU
+// against the ATen compositions. Only the loops, the loads and stores, and the reductions across a
+// row differ between devices.
 //
 // Each function is a template over Math, what differs between devices, and V, what a kernel
 // computes in (float, or a vector of floats). Math gives Math::exp(V), Math::sqrt(float),
@@ -26,8 +26,9 @@ namespace mltrain::glue {
 
 // ---- RMSNorm: x / sqrt(mean(x^2) + eps), rounded to x's dtype, times the fp32 weight ----
 
-// The residual add folded into the norm that follows it: x + delta in x's dtype T, as the
-// composition's x + delta is where the sum keeps x's dtype (fp32 + bf16, or bf16 + bf16).
+// The residual add folded into the norm that follows it: x + delta rounded to x's dtype T, as the
+// composition's x + delta is wherever the sum keeps x's dtype (fp32 + fp32 or bf16, bf16 + bf16).
+// The norm's statistic is taken of the rounded sum, the value the composition normalises.
 template <typename Math, typename T, typename V>
 C10_HOST_DEVICE V residual_add(V x, V delta) {
   return Math::template round<T>(x + delta);

@@ -60,6 +60,7 @@ class ProjectionFunction : public torch::autograd::Function<ProjectionFunction> 
       const at::AutoGradMode recorded(true);
       weight_cast = at::autocast::cached_cast(at::kBFloat16, weight, c10::DeviceType::CUDA);
     }
+    // The weight itself too, whose .grad backward adds into (in fp32 the same tensor twice).
     ctx->save_for_backward({x_cast, weight_cast, weight});
     return at::linear(x_cast, weight_cast);
   }

@@ -130,10 +130,12 @@ TEST_F(CudaKernels, RMSNormWithTheResidualAddMatchesTheComposition) {
         at::randn({3, 515, 5}, cuda).to(delta_dtype).transpose(1, 2),
         1.0 + 0.5 * at::randn({515}, cuda)};
     const at::Tensor upstream = at::randn({2 * inputs[0].numel()}, cuda);
-    expect_close(run_with_grad(fused, inputs, upstream),
-                 run_with_grad(testing::composed_add_norm, inputs, upstream), tolerance(x_dtype));
+    testing::expect_add_norm_close(run_with_grad(fused, inputs, upstream),
+                                   run_with_grad(testing::composed_add_norm, inputs, upstream),
+                                   tolerance(x_dtype));
+    // Its statistic taken of the sum rounded to x's dtype, the norm is cuda_rms_norm's of the sum.
     const auto [sum, normed] = cuda_add_rms_norm(inputs[0], inputs[1], inputs[2], 1e-6);
-    EXPECT_TRUE(at::equal(sum, inputs[0] + inputs[1]));
+    EXPECT_TRUE(at::equal(normed, cuda_rms_norm(inputs[0] + inputs[1], inputs[2], 1e-6)));
     EXPECT_EQ(normed.scalar_type(), at::kFloat);
   }
   const at::Tensor x = at::randn({7, 131}, cuda);
@@ -252,10 +254,10 @@ TEST_F(CudaKernels, CrossEntropyTakesSmallVocabulariesInfinitiesAndNaN) {
 }
 
 // Asked to, backward writes the gradient over the logits (the model's loss asks): the same
-// gradient, in the logits' memory, and a second backward through them is refused. Not asked, the
-// caller's logits are left as they were.
+// gradient, in the logits' memory, and a second backward through them is refused; never over a
+// leaf. Not asked, the caller's logits are left as they were.
 TEST_F(CudaKernels, CrossEntropyWritesItsGradientOverTheLogitsOnlyWhenAsked) {
-  at::manual_seed(607);
+  at::manual_seed(609);
   const at::Tensor leaf = at::randn({37, 1001}, cuda).requires_grad_();
   const at::Tensor targets = at::randint(1001, {37}, cuda.dtype(at::kLong));
   const at::Tensor expected =
@@ -269,6 +271,7 @@ TEST_F(CudaKernels, CrossEntropyWritesItsGradientOverTheLogitsOnlyWhenAsked) {
     EXPECT_LE(relative_error(grad, expected), kFp32Tolerance);
     EXPECT_EQ(grad.data_ptr() == logits.data_ptr(), overwrite);
     EXPECT_EQ(at::equal(logits.detach(), before), !overwrite);
+    EXPECT_FALSE(grad.requires_grad());
     if (overwrite) {
       EXPECT_THROW(torch::autograd::grad({loss}, {logits}), c10::Error);
     } else {
@@ -276,6 +279,8 @@ TEST_F(CudaKernels, CrossEntropyWritesItsGradientOverTheLogitsOnlyWhenAsked) {
                 kFp32Tolerance);
     }
   }
+  // Never over a leaf, which its caller holds.
+  EXPECT_THROW(cuda_cross_entropy(leaf, targets, /*gradient_overwrites_logits=*/true), c10::Error);
 }
 
 // ---- the projections ----

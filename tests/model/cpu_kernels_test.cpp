@@ -153,7 +153,8 @@ std::vector<at::Tensor> add_norm_inputs(at::ScalarType x_dtype, at::ScalarType d
 }
 
 // The sum and the norm, and the gradients of x, delta and the weight, through both outputs: fp32,
-// the bf16 delta that a projection gives under autocast, and bf16 throughout.
+// the bf16 delta that a projection gives under autocast, and bf16 throughout. The norm is
+// fused_rms_norm's of the sum bit for bit: its statistic is taken of the sum rounded to x's dtype.
 TEST_F(FusedKernelRMSNorm, WithTheResidualAddMatchesTheComposition) {
   at::manual_seed(104);
   for (const auto& [x_dtype, delta_dtype] : testing::kResidualAddDtypes) {
@@ -161,13 +162,12 @@ TEST_F(FusedKernelRMSNorm, WithTheResidualAddMatchesTheComposition) {
     const std::vector<at::Tensor> inputs = add_norm_inputs(x_dtype, delta_dtype);
     ASSERT_FALSE(inputs[1].is_contiguous());
     const at::Tensor upstream = at::randn({2 * inputs[0].numel()});
-    const ForwardBackward fused = run_with_grad(fused_add_norm, inputs, upstream);
-    expect_close(fused, run_with_grad(testing::composed_add_norm, inputs, upstream),
-                 x_dtype == at::kFloat ? kFp32Tolerance : kBf16Tolerance);
+    testing::expect_add_norm_close(run_with_grad(fused_add_norm, inputs, upstream),
+                                   run_with_grad(testing::composed_add_norm, inputs, upstream),
+                                   x_dtype == at::kFloat ? kFp32Tolerance : kBf16Tolerance);
     const auto [sum, normed] = fused_add_rms_norm(inputs[0], inputs[1], inputs[2], 1e-6);
     EXPECT_EQ(sum.scalar_type(), x_dtype);
-    EXPECT_EQ(normed.scalar_type(), at::kFloat);
-    EXPECT_TRUE(at::equal(sum, inputs[0] + inputs[1]));
+    EXPECT_TRUE(at::equal(normed, fused_rms_norm(inputs[0] + inputs[1], inputs[2], 1e-6)));
   }
 }
 
@@ -180,6 +180,16 @@ TEST_F(FusedKernelRMSNorm, WithTheResidualAddGivesBf16UnderBf16Autocast) {
   EXPECT_EQ(sum.scalar_type(), at::kFloat);
   EXPECT_EQ(normed.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(normed, fused_rms_norm(inputs[0] + inputs[1], inputs[2], 1e-6)));
+}
+
+// No rows: empty outputs and gradients, and a zero gradient for the weight.
+TEST_F(FusedKernelRMSNorm, WithTheResidualAddTakesNoRows) {
+  const std::vector<at::Tensor> inputs = {at::randn({0, 37}), at::randn({0, 37}), at::randn({37})};
+  const ForwardBackward run = run_with_grad(fused_add_norm, inputs, at::randn({0}));
+  EXPECT_EQ(run.output.numel(), 0);
+  EXPECT_EQ(run.grads[0].sizes(), inputs[0].sizes());
+  EXPECT_EQ(run.grads[1].sizes(), inputs[1].sizes());
+  EXPECT_TRUE(at::equal(run.grads[2], at::zeros({37})));
 }
 
 // ---- RoPE ----
@@ -396,10 +406,10 @@ TEST_F(FusedKernelLayers, LayersRunTheKernelsTheyAreBuiltWith) {
   const at::Tensor delta = at::randn({2, 5, 37});
   EXPECT_NE(node_name(norm->add_then_forward(x, delta).second).find("AddRMSNormFunction"),
             std::string::npos);
-  // bf16 + fp32 would change the residual's dtype: the add, then the norm.
+  // bf16 + fp32 would change the residual's dtype: the add, then the fused norm alone.
   const auto [bf16_sum, bf16_normed] = norm->add_then_forward(x.to(at::kBFloat16), delta);
-  EXPECT_EQ(bf16_sum.scalar_type(), at::kFloat);
-  EXPECT_TRUE(at::equal(bf16_normed, norm(x.to(at::kBFloat16) + delta)));
+  EXPECT_EQ(node_name(bf16_sum), node_name(x.to(at::kBFloat16) + delta));
+  EXPECT_EQ(node_name(bf16_normed), node_name(norm(x)));
 
   EXPECT_TRUE(at::equal(aten_norm(x), rms_norm_composition(x, aten_norm->weight, 1e-6)));
   EXPECT_EQ(node_name(aten_norm(x)), node_name(rms_norm_composition(x, aten_norm->weight, 1e-6)));

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -72,6 +73,30 @@ inline at::Tensor joined(const std::vector<at::Tensor>& outputs) {
 inline at::Tensor composed_add_norm(const std::vector<at::Tensor>& in) {
   const at::Tensor sum = in[0] + in[1];
   return joined({sum, rms_norm_composition(sum, in[2], 1e-6)});
+}
+
+// Holds a fused add-and-norm's run (inputs {x, delta, weight}, outputs joined as composed_add_norm
+// joins them) to the composition's: the sums bit for bit, and the norms and the gradients of x and
+// the weight within tolerance, each on its own so that the larger sums do not hide the norms.
+// delta's gradient is x's in delta's dtype: in bf16 beside an fp32 x, a rounding of the fp32
+// gradient, which may fall the other way from the composition's.
+inline void expect_add_norm_close(const ForwardBackward& fused, const ForwardBackward& composed,
+                                  double tolerance) {
+  const int64_t n = fused.output.numel() / 2;
+  EXPECT_TRUE(at::equal(fused.output.narrow(0, 0, n), composed.output.narrow(0, 0, n))) << "sum";
+  EXPECT_LE(relative_error(fused.output.narrow(0, n, n), composed.output.narrow(0, n, n)),
+            tolerance)
+      << "norm";
+  ASSERT_EQ(fused.grads.size(), 3u);
+  ASSERT_EQ(composed.grads.size(), 3u);
+  for (const size_t input : {size_t{0}, size_t{2}}) {
+    EXPECT_EQ(fused.grads[input].scalar_type(), composed.grads[input].scalar_type());
+    EXPECT_LE(relative_error(fused.grads[input], composed.grads[input]), tolerance)
+        << "input " << input;
+  }
+  const at::ScalarType delta_dtype = composed.grads[1].scalar_type();
+  EXPECT_EQ(fused.grads[1].scalar_type(), delta_dtype);
+  EXPECT_TRUE(at::equal(fused.grads[1], fused.grads[0].to(delta_dtype))) << "delta";
 }
 
 // The dtypes of (residual, delta) the fused add-and-norm takes: fp32 throughout, the bf16 delta a

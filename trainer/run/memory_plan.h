@@ -59,7 +59,8 @@ struct ComputePath {
   // count is assumed, not yet measured.
   bool fused_layers = true;
   // mltrain's chunked loss (the CPU's); else the whole logits. The CUDA cross-entropy keeps the
-  // logits in their dtype and no fp32 log-softmax: counted as the ATen loss, an overestimate.
+  // logits in their dtype and no fp32 log-softmax, and writes their gradient over them: counted as
+  // the ATen loss, an overestimate (by how much is unmeasured on a GPU).
   bool chunked_loss = true;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
   // data.document_masking: what the packed documents add per token, held from forward through
