@@ -353,12 +353,10 @@ struct CpuDevice {
                                                       const at::Tensor& weight, double eps,
                                                       at::ScalarType out_dtype) {
     const at::Tensor xc = x.contiguous();
-    const at::Tensor dc = delta.defined() ? delta.contiguous() : at::Tensor();
+    const at::Tensor dc = fused_function::contiguous_if_defined(delta);
     const at::Tensor wc = weight.contiguous();
-    fused_function::NormForward result{
-        .sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
-        .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
-        .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
+    fused_function::NormForward result =
+        fused_function::NormForward::empty_for(x, delta, out_dtype);
     for_activation_dtype(x.scalar_type(), [&](auto x_tag) {
       using T = decltype(x_tag);
       for_delta_dtype<T>(delta, [&](auto delta_tag) {
@@ -384,7 +382,7 @@ struct CpuDevice {
     const at::Tensor weight = weight_in.contiguous();
     const at::Tensor g = grad.contiguous();
     const at::Tensor residual =
-        grad_residual.defined() ? grad_residual.to(x.scalar_type()).contiguous() : at::Tensor();
+        fused_function::contiguous_if_defined(grad_residual, x.scalar_type());
     const int64_t dim = x.size(-1);
     const int64_t rows = rows_of(x);
     at::Tensor grad_x = at::empty_like(x);

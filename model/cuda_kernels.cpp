@@ -34,11 +34,9 @@ struct CudaDevice {
   static fused_function::NormForward rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
                                                       const at::Tensor& weight, double eps,
                                                       at::ScalarType out_dtype) {
-    fused_function::NormForward result{
-        .sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
-        .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
-        .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
-    cuda_launch::rms_norm_forward(x.contiguous(), delta.defined() ? delta.contiguous() : delta,
+    fused_function::NormForward result =
+        fused_function::NormForward::empty_for(x, delta, out_dtype);
+    cuda_launch::rms_norm_forward(x.contiguous(), fused_function::contiguous_if_defined(delta),
                                   weight.contiguous(), eps, result.sum, result.output, result.rstd);
     return result;
   }
@@ -52,8 +50,7 @@ struct CudaDevice {
     at::Tensor grad_x = at::empty_like(x);
     at::Tensor grad_weight = at::empty_like(weight);
     cuda_launch::rms_norm_backward(
-        grad.contiguous(),
-        grad_residual.defined() ? grad_residual.to(x.scalar_type()).contiguous() : grad_residual, x,
+        grad.contiguous(), fused_function::contiguous_if_defined(grad_residual, x.scalar_type()), x,
         weight.contiguous(), rstd, grad_x, grad_weight);
     return {grad_x, grad_weight};
   }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "model/autocast_region.h"
@@ -61,7 +63,22 @@ struct NormForward {
   at::Tensor sum;
   at::Tensor output;
   at::Tensor rstd;
+
+  // Uninitialised, for the kernels to fill: a sum where there is a delta, the output in out_dtype.
+  static NormForward empty_for(const at::Tensor& x, const at::Tensor& delta,
+                               at::ScalarType out_dtype) {
+    return {.sum = delta.defined() ? at::empty(x.sizes(), x.options()) : at::Tensor(),
+            .output = at::empty(x.sizes(), x.options().dtype(out_dtype)),
+            .rstd = at::empty({rows_of(x)}, x.options().dtype(at::kFloat))};
+  }
 };
+
+// An optional tensor (delta, the residual's gradient) as a kernel reads it: contiguous, in dtype
+// where one is given; undefined where it is.
+inline at::Tensor contiguous_if_defined(const at::Tensor& t,
+                                        std::optional<at::ScalarType> dtype = std::nullopt) {
+  return t.defined() ? t.to(dtype.value_or(t.scalar_type())).contiguous() : t;
+}
 
 template <typename Device>
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction<Device>> {
