@@ -2,14 +2,23 @@
 # The GPU check in one command, for a machine lent for one command of at most ten minutes that has
 # the driver, a python3 with torch, CMake, ninja and nvcc, and nothing else of ours: it builds
 # mltrain against that torch and the Debian packages carried in bench/gpu-packages/ (made here by
-# bench/fetch_gpu_packages.sh), runs `ctest -L gpu`, trains configs/base.yaml for a few hundred
-# steps in bf16 through `mpirun -n 1` (so the NCCL path runs), with mltrain's CUDA kernels where
-# their tests passed, two of the steps profiled by kind of work (bench/step_profile.py), runs bench/train_throughput.sh in bf16 (with data.document_masking
-# too, issue 26) and fp32, and configs/llama-1b.yaml's model in bf16 against torch.compile (on a
-# GPU only), with every implementation's peak memory, bench/checkpoint_pause.sh, and, as the budget allows,
-# bench/time_to_loss.sh on the base config (one seed, 240 steps). Every stage has its own time
-# limit, so one that fails or hangs leaves the others' results; $OUT/results.md sums them up and
-# the raw logs lie beside it.
+# bench/fetch_gpu_packages.sh), runs `ctest -L gpu`, trains configs/base.yaml for a hundred steps
+# in bf16 through `mpirun -n 1` (so the NCCL path runs), two of the steps profiled by kind of work
+# (bench/step_profile.py), then benchmarks against torch.compile (bench/train_throughput.sh) the
+# base model in bf16 (with data.document_masking too, issue 26), configs/llama-1b.yaml's model in
+# bf16 (its MFU against the GPU's peak) and the base model in fp32, with every implementation's
+# peak memory, and, as the budget allows, bench/time_to_loss.sh on the base config (one seed) and
+# bench/checkpoint_pause.sh. The training run and the benchmarks take mltrain's CUDA kernels
+# (train.kernels: fused_cuda, the `fused` rows) where their tests passed in the same call, else
+# the ATen layers of train.kernels: auto (the `mltrain` rows). The stages run in the order of what
+# their results are worth, each with its own time limit, so that one that fails or hangs leaves the
+# others' results, and the budget cuts the least worth first.
+#
+# What comes back from the machine is at most 8 files, so $OUT holds results.md (the stages and
+# every table), gpu_check.log (the console), logs.tar.gz (each stage's log, the training run's
+# metrics.jsonl) and, where they were made, train_profile.json.gz (the trace of the profiled
+# steps) and time_to_loss.png; each is rewritten after every stage, so that they are whole even if
+# the machine is taken away mid-run.
 #
 #   bash bench/gpu.sh                               # on the GPU machine, from any folder
 #   MLTRAIN_GPU_CHECK_DEVICE=cpu bash bench/gpu.sh  # the same stages here on the CPU, smaller
@@ -18,12 +27,12 @@
 #   MLTRAIN_GPU_CHECK_DEVICE    cuda (default) or cpu: the CPU builds against the project's venv,
 #                               trains a few steps on a smaller batch and benchmarks the small model
 #   OUT                         where results and logs go (default: a new folder under /tmp)
-#   MLTRAIN_GPU_CHECK_BUDGET_S  seconds for all stages (default 540 on cuda, 5400 on cpu)
-#   MLTRAIN_GPU_CHECK_STEPS     training steps (default 300 on cuda, 10 on cpu)
-#   MLTRAIN_GPU_CHECK_BUILD     the build folder (default /tmp/mltrain-gpu-check-build)
-#   MLTRAIN_GPU_CHECK_ONLY      the stages to run after the build, by name (default: all), as a
-#                               second call on the still warm machine runs those the budget cut:
-#                               MLTRAIN_GPU_CHECK_ONLY="bench_1b checkpoint_pause time_to_loss"
+#   MLTRAIN_GPU_CHECK_BUDGET_S  seconds for all stages (default 550 on cuda, 5400 on cpu)
+#   MLTRAIN_GPU_CHECK_STEPS     training steps (default 100 on cuda, 10 on cpu)
+#   MLTRAIN_GPU_CHECK_BUILD     the build folder (default /tmp/mltrain-gpu-check-build); a second
+#                               call on the same machine, while it is still warm, builds nothing
+#   MLTRAIN_GPU_CHECK_ONLY      the stages to run after the build, by name (default: all), e.g.
+#                               MLTRAIN_GPU_CHECK_ONLY="ctest bench_fp32 time_to_loss"
 #   MLTRAIN_PYTHON              the Python whose torch is built against (default python3 on cuda,
 #                               the project's venv on cpu)
 #   MLTRAIN_GPU_PACKAGES        the carried packages and shards (default bench/gpu-packages)
@@ -43,35 +52,46 @@ mkdir -p "$OUT"
 work=${MLTRAIN_GPU_CHECK_WORK:-$(mktemp -d /tmp/mltrain-gpu-check-work.XXXXXX)}
 export OUT MLTRAIN_GPU_CHECK_WORK=$work
 
-# Per device: the budget, each stage's own cap in seconds, the run's size and the benchmark's.
+# Per device: the budget, each stage's own cap in seconds, the run's size and the benchmarks'
+# (bench_run_limit: the most one benchmark run may take, so that a hung one leaves the stage time
+# for the others).
 case $device in
   cuda)
-    budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-540}
-    declare -A cap=([configure]=120 [build]=330 [ctest]=150 [train]=150 [bench_bf16]=210 [bench_fp32]=180
-      [bench_1b]=150 [checkpoint_pause]=120 [time_to_loss]=240)
+    budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-550}
+    declare -A cap=([configure]=60 [build]=240 [ctest]=120 [train]=90 [bench_bf16]=170
+      [bench_1b]=200 [bench_fp32]=120 [time_to_loss]=120 [checkpoint_pause]=90)
+    declare -A bench_run_limit=([bench_bf16]=90 [bench_1b]=170 [bench_fp32]=100)
     python=${MLTRAIN_PYTHON:-$(command -v python3)}
-    steps=${MLTRAIN_GPU_CHECK_STEPS:-300}
+    steps=${MLTRAIN_GPU_CHECK_STEPS:-100}
     train_sets=(train.precision=bf16 dist.backend=nccl train.log_every=10)
-    bench_args=(--model base --steps 20 --warmup 5 --reps 2)
+    bench_bf16_args=(--model base --steps 20 --warmup 5 --reps 2)
+    bench_fp32_args=(--model base --steps 20 --warmup 5 --reps 1)
     bench_1b_args=(--model llama-1b --steps 6 --warmup 2 --reps 1)
-    pause_args=(--reps 2 --steps 16 --every 5)
-    loss_args=(--config "$repo/configs/base.yaml" --seeds 1 --steps 240 --eval-every 20
-      --set optim.warmup_steps=24 --set train.eval_batches=8)
+    pause_args=(--reps 1 --steps 16 --every 5)
+    # A micro-batch a step (16 x 1024 tokens): 120 steps are about 1.3 passes over the fortunes,
+    # short of the overfitting that 240 steps of 65,536 tokens (ten passes) measured.
+    loss_args=(--config "$repo/configs/base.yaml" --seeds 1 --steps 120 --eval-every 20
+      --set data.grad_accum=1 --set optim.warmup_steps=12 --set train.eval_batches=8)
     ;;
   cpu)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-5400}
-    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900 [bench_fp32]=900
-      [bench_1b]=0 [checkpoint_pause]=600 [time_to_loss]=900)
+    declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900
+      [bench_1b]=0 [bench_fp32]=900 [time_to_loss]=900 [checkpoint_pause]=600)
+    declare -A bench_run_limit=([bench_bf16]=400 [bench_1b]=0 [bench_fp32]=400)
     python=${MLTRAIN_PYTHON:-${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-10}
     train_sets=(train.precision=fp32 dist.backend=mpi train.log_every=2
       data.seq_len=256 data.micro_batch=2 data.grad_accum=1)
-    bench_args=(--model small --steps 3 --warmup 2 --reps 1)
+    bench_bf16_args=(--model small --steps 3 --warmup 2 --reps 1)
+    bench_fp32_args=("${bench_bf16_args[@]}")
     pause_args=(--reps 1 --steps 6 --every 2)
     loss_args=(--seeds 1 --steps 20 --eval-every 10 --set optim.warmup_steps=2)
     ;;
   *) echo "MLTRAIN_GPU_CHECK_DEVICE is cuda or cpu, not $device" >&2; exit 2 ;;
 esac
+# Each stage's log, gathered into $OUT/logs.tar.gz.
+logs=$work/logs
+mkdir -p "$logs"
 
 start_s=$SECONDS
 say() { printf '[gpu.sh %4ds] %s\n' $((SECONDS - start_s)) "$*"; }
@@ -92,24 +112,35 @@ use_carried_packages() {
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# Results: one row per stage, one section per stage that has something to say; results.md is
-# rewritten after every stage, so that it is whole even if the machine is taken away mid-run.
+# Results: one row per stage, one section per stage that has something to say; results.md and
+# the files beside it are rewritten after every stage.
 rows=()
 failed=()
 section() { cat >>"$work/sections.md"; }
+# The trace of the training run's profiled steps, where it has been written.
+profile_trace() { find "$work/run_base/profile" -name 'steps_*.json' 2>/dev/null | head -1; }
 write_results() {
   {
     echo "# mltrain GPU check ($device), $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "| stage | result | seconds | log |"
+    echo "| stage | result | seconds | log, in logs.tar.gz |"
     echo "| --- | --- | ---: | --- |"
     printf '%s\n' "${rows[@]}"
     echo
     [[ -f $work/sections.md ]] && cat "$work/sections.md"
   } >"$OUT/results.md"
+  tar -czf "$OUT/logs.tar.gz" -C "$work" logs
+  local trace
+  trace=$(profile_trace)
+  if [[ -n $trace && ! -f $OUT/train_profile.json.gz ]]; then
+    gzip -c "$trace" >"$OUT/train_profile.json.gz"
+  fi
+  if [[ -f $work/time_to_loss/time_to_loss.png ]]; then
+    cp "$work/time_to_loss/time_to_loss.png" "$OUT/"
+  fi
 }
 
-# stage NAME LOG FUNCTION: runs FUNCTION with its output appended to $OUT/LOG, for at most the
+# stage NAME LOG FUNCTION: runs FUNCTION with its output appended to $logs/LOG, for at most the
 # stage's cap and never past the budget. timeout needs a program, so the function runs in this
 # script started again (bash gpu.sh --stage FUNCTION), whose whole process group timeout ends.
 # Returns the function's exit status.
@@ -130,11 +161,11 @@ stage() {
     write_results
     return 1
   fi
-  say "stage $name: at most ${limit} s, log $OUT/$log"
+  say "stage $name: at most ${limit} s, log $log"
   local began=$SECONDS rc=0
-  echo "=== $name: $function" >>"$OUT/$log"
-  STAGE_LIMIT_S=$limit timeout -k 15 "$limit" bash "${BASH_SOURCE[0]}" --stage "$function" \
-    >>"$OUT/$log" 2>&1 || rc=$?
+  echo "=== $name: $function" >>"$logs/$log"
+  STAGE_NAME=$name STAGE_LIMIT_S=$limit timeout -k 15 "$limit" bash "${BASH_SOURCE[0]}" \
+    --stage "$function" >>"$logs/$log" 2>&1 || rc=$?
   local result=ok
   if ((rc == 124 || rc == 137)); then
     result="FAILED: out of time after ${limit} s"
@@ -144,8 +175,8 @@ stage() {
   rows+=("| $name | $result | $((SECONDS - began)) | $log |")
   if [[ $result != ok ]]; then
     failed+=("$name")
-    say "STAGE FAILED: $name: $result; the end of $OUT/$log:"
-    tail -n 30 "$OUT/$log" | sed 's/^/    /'
+    say "STAGE FAILED: $name: $result; the end of $log:"
+    tail -n 30 "$logs/$log" | sed 's/^/    /'
   else
     say "stage $name: ok in $((SECONDS - began)) s"
   fi
@@ -198,7 +229,9 @@ configure() {
 # _NOT_BUILT tests, which -L gpu leaves out).
 build_targets() { ninja -C "$build" -j "$(nproc)" mltrain gpu_tests; }
 
-gpu_tests() { ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120; }
+# Four at a time: each test is a process of its own, whose start (the CUDA context, the libraries)
+# takes most of its time, and none measures time or the device's memory.
+gpu_tests() { ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 -j 4; }
 
 train_base() {
   local sets=() setting warmup=$((steps / 10 > 0 ? steps / 10 : 1)) profile=()
@@ -216,8 +249,8 @@ train_base() {
 
 # The run's loss, speed and memory, from its last progress line and its metrics.
 summarize_training() {
-  cp "$work/run_base/metrics.jsonl" "$OUT/train_metrics.jsonl" 2>/dev/null
-  "$python" - "$OUT/train.log" "$OUT/train_metrics.jsonl" "${MLTRAIN_GPU_TRAIN_KERNELS:-auto}" \
+  cp "$work/run_base/metrics.jsonl" "$logs/train_metrics.jsonl" 2>/dev/null
+  "$python" - "$logs/train.log" "$logs/train_metrics.jsonl" "${MLTRAIN_GPU_TRAIN_KERNELS:-auto}" \
     <<'EOF' | section
 import json, re, statistics, sys
 log, metrics, kernels = sys.argv[1:4]
@@ -255,46 +288,68 @@ print()
 EOF
   # Where the traced steps' time went (issue 25): GEMM, attention, glue, copies, idle gaps.
   local trace
-  trace=$(ls "$work"/run_base/profile/steps_*.json 2>/dev/null | head -1)
+  trace=$(profile_trace)
   if [[ -n $trace ]]; then
     { echo "### Profile of two steps of the training run"; echo
       "$python" "$repo/bench/step_profile.py" "$trace" --markdown 2>&1; echo; } | section
   fi
 }
 
-# fused is train.kernels=fused_cuda, mltrain's CUDA kernels, against the ATen layers that auto keeps on
-# CUDA until the kernels' GPU tests have passed; first after mltrain, so the budget reaches it.
-bench_bf16() { benchmark bf16 "mltrain fused compile eager masked" bench_bf16 "${bench_args[@]}"; }
-bench_fp32() { benchmark fp32 "mltrain fused compile eager" bench_fp32 "${bench_args[@]}"; }
-# The 1.1B model on one GPU (issue 25's MFU and torch.compile targets): mltrain and compile alone,
-# with no matrix-product rate to measure first (MFU is against the GPU's peak).
-bench_1b() { BENCH_MATMUL=0 benchmark bf16 "mltrain fused compile" bench_1b "${bench_1b_args[@]}"; }
-# benchmark PRECISION VARIANTS NAME ARGS...: the table into $work/NAME.md. masked is document
-# masking's cost (issue 26) in the precision training runs in.
+# The benchmarks against torch.compile, each with the layers the training run takes ($kernels:
+# fused, mltrain's CUDA kernels, or mltrain, the ATen layers), first, so that the budget reaches
+# them. In bf16 the other is run too (what the CUDA kernels gain), and document masking's cost
+# (issue 26, with the ATen layers). fp32 runs with TF32 off, as the references do.
+bench_bf16() {
+  local others=mltrain
+  [[ $kernels == mltrain ]] && others=""
+  benchmark bf16 "$kernels compile $others masked" "${bench_bf16_args[@]}"
+}
+bench_fp32() { benchmark fp32 "$kernels compile" "${bench_fp32_args[@]}"; }
+# The 1.1B model on one GPU (issue 25's MFU and torch.compile targets): the achieved FLOP/s taken
+# against the GPU's dense bf16 peak, which makes that column the MFU; the runs' directories in
+# memory (/dev/shm), where each mltrain run's last checkpoint, 13 GB, is written in seconds.
+bench_1b() {
+  local peak
+  peak=$("$python" -c 'import torch
+name = torch.cuda.get_device_name()
+# NVIDIA datasheets, dense bf16 (trainer/machine/device.cpp has the same table).
+print({"NVIDIA H100 80GB HBM3": 989.5e12, "NVIDIA H200": 989.5e12, "NVIDIA H100 PCIe": 756.5e12,
+       "NVIDIA H100 NVL": 835.5e12, "NVIDIA H200 NVL": 835.5e12}.get(name, ""), name, sep="\t")')
+  [[ -d /dev/shm && -w /dev/shm ]] && export TMPDIR=/dev/shm
+  # An unknown GPU has no peak: then the column says "not measured".
+  BENCH_MATMUL=0 BENCH_MATMUL_FLOPS="${peak%%$'\t'*}" \
+    BENCH_MATMUL_SOURCE="the dense bf16 peak of the ${peak#*$'\t'} by NVIDIA's datasheet: the column is the MFU" \
+    benchmark bf16 "$kernels compile" "${bench_1b_args[@]}"
+}
+# benchmark PRECISION VARIANTS ARGS...: the table into $work/$STAGE_NAME.md.
 benchmark() {
-  local precision=$1 variants=$2 name=$3
-  shift 3
+  local precision=$1 variants=$2
+  shift 2
   # The benchmark ends its own runs at its budget and still prints its table (20 s before the
   # stage's limit, the backstop; a budget too short for any run still gives the table, empty).
   MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards BENCH_VARIANTS=$variants \
-    BENCH_BUDGET_S=$((STAGE_LIMIT_S > 30 ? STAGE_LIMIT_S - 20 : 1)) bash "$repo/bench/train_throughput.sh" \
-    --device "$device" --precision "$precision" --log "$OUT/throughput.log" "$@" >"$work/$name.md"
+    BENCH_BUDGET_S=$((STAGE_LIMIT_S > 30 ? STAGE_LIMIT_S - 20 : 1)) \
+    BENCH_RUN_LIMIT_S=${bench_run_limit[$STAGE_NAME]} bash "$repo/bench/train_throughput.sh" \
+    --device "$device" --precision "$precision" --log "$logs/throughput.log" "$@" \
+    >"$work/$STAGE_NAME.md"
 }
 
-# How long training stops at a checkpoint, synchronous against in the background: last, as what
-# the budget has left allows.
+# How long training stops at a checkpoint, synchronous against in the background.
 checkpoint_pause() {
+  printf '### Checkpoint pause: bench/checkpoint_pause.sh %s\n\n' "${pause_args[*]}" \
+    >"$work/checkpoint_pause.md"
   MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards \
-    bash "$repo/bench/checkpoint_pause.sh" --device "$device" --log "$OUT/checkpoint_pause.log" \
-    "${pause_args[@]}" >"$work/checkpoint_pause.md"
+    bash "$repo/bench/checkpoint_pause.sh" --device "$device" --log "$logs/checkpoint_pause.log" \
+    "${pause_args[@]}" >>"$work/checkpoint_pause.md"
 }
 
-# Muon against AdamW and the PyTorch reference to a target loss (issue 27): last, as what the
-# budget has left allows.
+# Muon against AdamW and the PyTorch reference to a target loss (issue 27).
 time_to_loss() {
+  printf '### Time to a target loss: bench/time_to_loss.sh %s\n\n' "${loss_args[*]#"$repo/"}" \
+    >"$work/time_to_loss.md"
   MLTRAIN_BIN_DIR=$build/bin MLTRAIN_PYTHON=$python BENCH_DATA=$shards \
-    bash "$repo/bench/time_to_loss.sh" --device "$device" --out "$OUT/time_to_loss" \
-    "${loss_args[@]}" >"$work/time_to_loss.md"
+    bash "$repo/bench/time_to_loss.sh" --device "$device" --out "$work/time_to_loss" \
+    "${loss_args[@]}" >>"$work/time_to_loss.md"
 }
 
 if [[ ${1:-} == --stage ]]; then
@@ -315,38 +370,32 @@ if stage configure build.log configure; then
 else
   not_run build "the configure stage failed"
 fi
+after_build=(ctest train bench_bf16 bench_1b bench_fp32 time_to_loss checkpoint_pause)
 if ((built)); then
-  stage ctest ctest.log gpu_tests
-  # The training run and its profile take mltrain's CUDA kernels where their tests passed in this
-  # call (the profile of the fused step is what issue 25 reads next), the layers of auto otherwise.
-  export MLTRAIN_GPU_TRAIN_KERNELS=auto
-  [[ ${rows[-1]} == "| ctest | ok |"* ]] && MLTRAIN_GPU_TRAIN_KERNELS=fused_cuda
-  if [[ -d $shards ]]; then
-    stage train train.log train_base
-    summarize_training
-  else
-    not_run train "no shards in $shards: run bench/fetch_gpu_packages.sh"
+  # The training run, its profile and the benchmarks take mltrain's CUDA kernels where their tests
+  # passed in this call, the layers of auto otherwise.
+  export MLTRAIN_GPU_TRAIN_KERNELS=auto kernels=mltrain
+  if stage ctest ctest.log gpu_tests && [[ ${rows[-1]} == "| ctest | ok |"* ]]; then
+    MLTRAIN_GPU_TRAIN_KERNELS=fused_cuda kernels=fused
   fi
-  for name in bench_bf16 bench_fp32 bench_1b; do
-    if ((cap[$name] == 0)); then
-      rows+=("| $name | skipped: the 1.1B model is benchmarked on a GPU only | 0 | |")
-      continue
-    fi
-    stage "$name" throughput.log "$name"
-    [[ -s $work/$name.md ]] && section <"$work/$name.md"
-  done
-  if [[ -d $shards ]]; then
-    stage checkpoint_pause checkpoint_pause.log checkpoint_pause
-    [[ -s $work/checkpoint_pause.md ]] && section <"$work/checkpoint_pause.md"
-    stage time_to_loss time_to_loss.log time_to_loss
-    [[ -s $work/time_to_loss.md ]] && section <"$work/time_to_loss.md"
-  else
-    for name in checkpoint_pause time_to_loss; do
+  for name in "${after_build[@]:1}"; do
+    if [[ $name != bench_* && ! -d $shards ]]; then
       not_run "$name" "no shards in $shards: run bench/fetch_gpu_packages.sh"
-    done
-  fi
+    elif ((cap[$name] == 0)); then
+      rows+=("| $name | skipped: the 1.1B model is benchmarked on a GPU only | 0 | |")
+    elif [[ $name == train ]]; then
+      stage train train.log train_base
+      # A run cut short still has its metrics so far.
+      [[ ${rows[-1]} == "| train | skipped"* ]] || summarize_training
+    else
+      log=$name.log
+      [[ $name == bench_* ]] && log=throughput.log
+      stage "$name" "$log" "$name"
+      [[ -s $work/$name.md ]] && section <"$work/$name.md"
+    fi
+  done
 else
-  for name in ctest train bench_bf16 bench_fp32 bench_1b checkpoint_pause time_to_loss; do
+  for name in "${after_build[@]}"; do
     not_run "$name" "the build failed"
   done
 fi

@@ -50,13 +50,19 @@ if ! compgen -G "$data/train_*.bin" >/dev/null && [[ $data == "$repo/data/demo" 
   "$bin_dir/mlprep" --input "${fortunes[@]}" --format fortune --vocab-size 4096 --out "$data"
 fi
 
+# Each seed begins with the next of the three, so that none always runs first, on a machine that the
+# first run warms up (a GPU's clocks, the caches) or one that drifts.
+optimizers=(adamw muon reference)
+first=0
 for seed in $seeds; do
+  order=("${optimizers[@]:first}" "${optimizers[@]:0:first}")
+  first=$(((first + 1) % ${#optimizers[@]}))
   recipe=(--set data.train="$data/train_*.bin" --set data.val="$data/val_*.bin"
     --set data.tokenizer="$data/tokenizer.model" --set data.seed="$seed"
     --set train.max_steps="$steps" --set train.device="$device" --set train.precision="$precision"
     --set train.threads="$threads" --set train.log_every="$eval_every"
     --set train.eval_every="$eval_every" --set train.ckpt_every=1000000 "${changes[@]}")
-  for optimizer in adamw muon reference; do
+  for optimizer in "${order[@]}"; do
     run_dir=$out/${optimizer}_$seed
     rm -rf "$run_dir"
     echo "seed $seed: $optimizer" >&2

@@ -54,7 +54,9 @@ def windows_of(pattern, seq_len):
 
 def read_dumped_config(path):
     """The sections of `mltrain --dump-config`'s YAML, which is two levels of `key: value` (strings
-    quoted), read without PyYAML, which a GPU machine's Python may lack."""
+    quoted, lists such as data.sources in YAML's flow style), read without PyYAML, which a GPU
+    machine's Python may lack. A list is kept as its text, or [] where it is empty: the reference
+    reads no list, and refuses a config that has one."""
     config, section = {}, None
     with open(path) as f:
         for line in f:
@@ -67,6 +69,8 @@ def read_dumped_config(path):
             value = value.strip()
             if value.startswith('"'):
                 section[key] = json.loads(value)
+            elif value.startswith("["):
+                section[key] = [] if value == "[]" else value
             elif value in ("true", "false"):
                 section[key] = value == "true"
             else:
@@ -104,6 +108,7 @@ def parse_args():
     config = read_dumped_config(args.config)
     model = dict(config["model"])
     model["seq_len"] = config["data"]["seq_len"]
+    model["untied"] = not model["tie_word_embeddings"]
     args.model = SimpleNamespace(**model)
     args.data = config["data"]
     args.optim = config["optim"]
@@ -143,6 +148,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     with open(os.path.join(args.out, "metrics.jsonl"), "w") as metrics:
+        # As mltrain's metrics.jsonl begins: the count says the model is the one mltrain trains.
+        print(json.dumps({"event": "start", "parameters": sum(p.numel() for p in params)}),
+              file=metrics, flush=True)
         for step in range(1, max_steps + 1):
             step_loss = 0.0
             for _ in range(grad_accum):

@@ -2,13 +2,14 @@
 markdown table of each optimizer's final validation loss, and the steps and wall time it takes to reach
 the final validation loss of the AdamW run of the same seed (the first validation at or below it; the
 wall time is the training's own clock at that step, validations before it included), and draws every
-validation curve into OUT/time_to_loss.png with gnuplot.
+validation curve into OUT/time_to_loss.png with gnuplot, where the machine has it.
 
 usage: time_to_loss_report.py OUT "SEED SEED ..." [WHAT]
 WHAT names the recipe and the device in the picture's title.
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,11 @@ def draw(out, seeds, runs, what):
               f"set title 'validation loss, {what}, one line per seed'\n"
               "set xlabel 'step'\nset ylabel 'validation loss (nats per token)'\nset grid\n"
               "set key top right\nplot " + ", ".join(plots) + "\n")
+    # The table is the result; the picture is a view of it, and a machine without gnuplot (the GPU
+    # machines have none) still gets the table.
+    if shutil.which("gnuplot") is None:
+        print("\nno gnuplot on this machine: no time_to_loss.png", file=sys.stderr)
+        return
     subprocess.run(["gnuplot"], input=script, text=True, check=True)
     print(f"\ncurves: {os.path.join(out, 'time_to_loss.png')}", file=sys.stderr)
 

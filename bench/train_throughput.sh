@@ -30,9 +30,12 @@
 #                    mltrain with train.kernels=fused_cuda, its CUDA kernels on a GPU (mltrain is
 #                    train.kernels=auto, the ATen layers there), reported against both
 #   BENCH_BUDGET_S   seconds for the whole benchmark: runs are cut off there (default: no limit)
+#   BENCH_RUN_LIMIT_S  seconds for one run, so that one that hangs leaves the others their time
+#                    (default: no limit but the budget)
 #   BENCH_DATA       shards mltrain reads (default bench/gpu-packages/shards, else data/demo);
 #                    the reference draws random tokens
 #   BENCH_MATMUL_FLOPS  this precision's matrix-product rate in FLOP/s, instead of measuring it
+#   BENCH_MATMUL_SOURCE  what BENCH_MATMUL_FLOPS is, for the table (e.g. a GPU's peak: the MFU)
 #   BENCH_MATMUL     0: neither measure nor report the matrix-product rate (default 1)
 #   MLTRAIN_BIN_DIR  where mltrain is (default build/bin)
 #   MLTRAIN_PYTHON   the Python with torch (default the project's venv, else python3)
@@ -59,6 +62,7 @@ source "$repo/bench/environment.sh"
 threads=${BENCH_THREADS:-$(nproc)}
 variants=${BENCH_VARIANTS:-mltrain eager compile}
 budget=${BENCH_BUDGET_S:-0}
+run_limit=${BENCH_RUN_LIMIT_S:-0}
 matmul_flops=${BENCH_MATMUL_FLOPS:-}
 matmul=${BENCH_MATMUL:-1}
 
@@ -79,14 +83,19 @@ micro_batch=${BENCH_MICRO_BATCH:-${batch[1]}}
 grad_accum=${BENCH_GRAD_ACCUM:-${batch[2]}}
 tokens_per_step=$((micro_batch * grad_accum * seq_len))
 
-work=$(mktemp -d /tmp/train_throughput.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/train_throughput.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 log=${log:-$work/throughput.log}
 start_s=$SECONDS
 
-# Runs "$@" within what is left of the budget, if there is one.
+# Runs "$@" within what is left of the budget and the run's own limit, where they are set.
 bounded() {
-  if ((budget > 0)); then timeout "$((budget - (SECONDS - start_s)))" "$@"; else "$@"; fi
+  local limit=$run_limit
+  if ((budget > 0)); then
+    local left=$((budget - (SECONDS - start_s)))
+    ((limit == 0 || left < limit)) && limit=$left
+  fi
+  if ((limit > 0)); then timeout "$limit" "$@"; else "$@"; fi
 }
 
 # Whether the budget, if there is one, still has 10 s for another run.
@@ -173,9 +182,10 @@ measure() {
 
 echo "[train_throughput] $model model on $device, $precision, $tokens_per_step tokens per step," \
   "$steps timed steps after $warmup, $reps repetitions; log: $log" >&2
-matmul_source="measured by bench/matmul_rate.py just before the runs"
+gemm_rate="the FLOP-weighted rate of a micro-batch's GEMMs at these shapes and threads"
+matmul_source="$gemm_rate (measured by bench/matmul_rate.py just before the runs)"
 if [[ -n $matmul_flops ]]; then
-  matmul_source="given by BENCH_MATMUL_FLOPS"
+  matmul_source=${BENCH_MATMUL_SOURCE:-$gemm_rate (given by BENCH_MATMUL_FLOPS)}
 elif [[ $matmul == 0 ]]; then
   matmul_source="not measured: BENCH_MATMUL=0"
 else
@@ -277,8 +287,7 @@ print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_d
       + "V d + n_layers (d H D + 2 d KV D + H D d + 3 d d_ffn + 2 d) + d"
       + ("" if tied else " + V d") + f", with V {V}, d {d}, H {H}, KV {KV}, D {D}, d_ffn {F}.")
 if matmul:
-    print(f"\nMatrix-product rate, {precision}: {matmul / 1e9:,.1f} GFLOP/s, the FLOP-weighted rate "
-          f"of a micro-batch's GEMMs at these shapes and threads ({matmul_source}).")
+    print(f"\nMatrix-product rate, {precision}: {matmul / 1e9:,.1f} GFLOP/s, {matmul_source}.")
 else:
     reason = matmul_source if "BENCH_MATMUL=0" in matmul_source else "no result (see the log)"
     print(f"\nMatrix-product rate, {precision}: {reason}.")

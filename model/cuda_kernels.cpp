@@ -164,9 +164,11 @@ at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& target
                   targets.device() == logits.device(),
               "cuda_cross_entropy: logits ", logits.sizes(), " and targets ", targets.sizes(), " (",
               targets.scalar_type(), ") must be [N, V > 0] and [N] int64 on one device");
-  TORCH_CHECK(!(gradient_overwrites_logits && logits.requires_grad() && logits.is_leaf()),
+  // A view shares its base's memory: a view of a leaf is the leaf's memory too.
+  const bool a_leafs_memory = logits.is_leaf() || (logits.is_view() && logits._base().is_leaf());
+  TORCH_CHECK(!(gradient_overwrites_logits && logits.requires_grad() && a_leafs_memory),
               "cuda_cross_entropy: the gradient may only overwrite logits computed for the loss, "
-              "not a leaf its caller holds");
+              "not a leaf its caller holds or a view of one");
   if (records_graph({logits})) {
     return CrossEntropyFunction::apply(logits, targets, gradient_overwrites_logits);
   }

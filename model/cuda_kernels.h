@@ -38,12 +38,14 @@ at::Tensor cuda_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 at::Tensor cuda_swiglu(const at::Tensor& gate_up);
 
 // The mean cross-entropy of logits [N, V] (fp32 or bf16, as the output projection gives them)
-// against targets [N] (int64, every row counts), a 0-dim fp32 tensor: at::cross_entropy_loss of the
-// logits in fp32, in one pass over the logits that keeps each row's log-sum-exp, and a backward
-// pass that writes the logits' gradient in their dtype. No fp32 copy of the logits is made.
-// With gradient_overwrites_logits, backward writes the gradient over the logits, for a caller that
-// has no other use for them (the model's loss): the step's largest activation is not held twice.
-// Their version is bumped, so that a second backward through them is refused, not misled.
+// against targets [N] (int64 in [0, V): every row counts, there is no ignored index, and a target
+// out of range is a device-side assert, as in ATen's loss), a 0-dim fp32 tensor:
+// at::cross_entropy_loss of the logits in fp32, in one pass over the logits that keeps each row's
+// log-sum-exp, and a backward pass that writes the logits' gradient in their dtype. No fp32 copy of
+// the logits is made. With gradient_overwrites_logits, backward writes the gradient over the
+// logits, for a caller that has no other use for them (the model's loss): the step's largest
+// activation is not held twice. Their version is bumped, so that a second backward through them is
+// refused, not misled; logits that are a leaf, or a view of one, are refused.
 at::Tensor cuda_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                               bool gradient_overwrites_logits = false);
 

@@ -279,8 +279,79 @@ TEST_F(CudaKernels, CrossEntropyWritesItsGradientOverTheLogitsOnlyWhenAsked) {
                 kFp32Tolerance);
     }
   }
-  // Never over a leaf, which its caller holds.
+  // Never over a leaf, which its caller holds, nor over a view of one.
   EXPECT_THROW(cuda_cross_entropy(leaf, targets, /*gradient_overwrites_logits=*/true), c10::Error);
+  EXPECT_THROW(cuda_cross_entropy(leaf.view({37, 1001}), targets, true), c10::Error);
+}
+
+// ---- sizes at the grid's limits ----
+
+// Past 65,535 rows (CUDA's limit on a grid's y and z) the kernels stride: SwiGLU's rows, RoPE's
+// sequences and the norm's weight-gradient partials (a block of 64 rows each). Each case goes a few
+// rows or sequences past the limit, where a kernel that did not stride would leave its output
+// unwritten; the norm's last rows take a gradient 1e4 times the others', so that the weight
+// gradient is mostly theirs.
+TEST_F(CudaKernels, KernelsStridePastTheGridLimit) {
+  at::manual_seed(610);
+  constexpr int64_t kPastTheLimit = 65535 + 3;
+  const at::Tensor gate_up = at::randn({kPastTheLimit, 18}, cuda);
+  const at::Tensor swiglu_upstream = at::randn({kPastTheLimit, 9}, cuda);
+  expect_close(
+      run_with_grad([](const auto& in) { return cuda_swiglu(in[0]); }, {gate_up}, swiglu_upstream),
+      run_with_grad([](const auto& in) { return swiglu_composition(in[0]); }, {gate_up},
+                    swiglu_upstream),
+      kFp32Tolerance);
+
+  Rotary rotary(8, 4, 10000.0);
+  rotary->to(at::kCUDA);
+  const at::Tensor cos = rotary->cos(1, 2);
+  const at::Tensor sin = rotary->sin(1, 2);
+  const at::Tensor x = at::randn({kPastTheLimit, 2, 3, 8}, cuda);
+  const at::Tensor upstream = at::randn({kPastTheLimit, 2, 3, 8}, cuda);
+  expect_close(
+      run_with_grad([&](const auto& in) { return cuda_rotary(in[0], cos, sin, 2); }, {x}, upstream),
+      run_with_grad([&](const auto& in) { return rotate_leading_heads(in[0], cos, sin, 2); }, {x},
+                    upstream),
+      kFp32Tolerance);
+
+  const int64_t rows = kPastTheLimit * 64 + 17;
+  const std::vector<at::Tensor> inputs = {at::randn({rows, 4}, cuda), at::randn({4}, cuda)};
+  at::Tensor norm_upstream = at::randn({rows, 4}, cuda);
+  norm_upstream.narrow(0, 65535 * 64, rows - 65535 * 64).mul_(1e4);
+  expect_close(run_with_grad(cuda_norm, inputs, norm_upstream),
+               run_with_grad(composed_norm, inputs, norm_upstream), kFp32Tolerance);
+}
+
+// No rows: empty outputs and gradients, and a zero weight gradient, with no launch (a grid of
+// no blocks is a CUDA error).
+TEST_F(CudaKernels, KernelsTakeNoRows) {
+  const at::Tensor weight = at::randn({37}, cuda);
+  const ForwardBackward norm =
+      run_with_grad(cuda_norm, {at::randn({0, 37}, cuda), weight}, at::randn({0, 37}, cuda));
+  EXPECT_EQ(norm.output.numel(), 0);
+  EXPECT_EQ(norm.grads[0].sizes(), at::IntArrayRef({0, 37}));
+  EXPECT_TRUE(at::equal(norm.grads[1], at::zeros({37}, cuda)));
+
+  const auto add_norm = [](const std::vector<at::Tensor>& in) {
+    const auto [sum, normed] = cuda_add_rms_norm(in[0], in[1], in[2], 1e-6);
+    return testing::joined({sum, normed});
+  };
+  const ForwardBackward folded = run_with_grad(
+      add_norm, {at::randn({0, 37}, cuda), at::randn({0, 37}, cuda), weight}, at::randn({0}, cuda));
+  EXPECT_EQ(folded.grads[1].sizes(), at::IntArrayRef({0, 37}));
+  EXPECT_TRUE(at::equal(folded.grads[2], at::zeros({37}, cuda)));
+
+  const ForwardBackward swiglu = run_with_grad([](const auto& in) { return cuda_swiglu(in[0]); },
+                                               {at::randn({0, 18}, cuda)}, at::randn({0, 9}, cuda));
+  EXPECT_EQ(swiglu.output.sizes(), at::IntArrayRef({0, 9}));
+  EXPECT_EQ(swiglu.grads[0].sizes(), at::IntArrayRef({0, 18}));
+
+  Rotary rotary(8, 4, 10000.0);
+  rotary->to(at::kCUDA);
+  const ForwardBackward rotated = run_with_grad(
+      [&](const auto& in) { return cuda_rotary(in[0], rotary->cos(0, 2), rotary->sin(0, 2), 1); },
+      {at::randn({0, 2, 3, 8}, cuda)}, at::randn({0, 2, 3, 8}, cuda));
+  EXPECT_EQ(rotated.grads[0].sizes(), at::IntArrayRef({0, 2, 3, 8}));
 }
 
 // ---- the projections ----
