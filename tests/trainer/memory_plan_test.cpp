@@ -1,5 +1,6 @@
 // The memory plan against closed-form counts for the base model, and its activation estimate
-// against the bytes the CPU allocator hands out for one micro-batch's graph.
+// against the bytes the CPU allocator hands out for one micro-batch's graph (on CUDA:
+// tests/gpu/memory_plan_cuda_test.cpp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -7,13 +8,11 @@
 
 #include "common/error.h"
 #include "dist/communicator.h"
-#include "model/autocast_region.h"
 #include "model/cpu_kernels.h"
 #include "model/hf_state_dict.h"
 #include "model/kernels.h"
 #include "model/llama.h"
-#include "model/packed_documents.h"
-#include "tests/support/cpu_allocation_counter.h"
+#include "tests/support/activation_memory.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/run/memory_plan.h"
@@ -21,44 +20,13 @@
 namespace mltrain {
 namespace {
 
+using testing::measured_activations;
+using testing::small_base;
+
 DataParallelOptions muon_options() {
   DataParallelOptions options;
   options.muon = MuonOptions{};
   return options;
-}
-
-// A model with the base model's proportions at a size a unit test can run.
-ModelConfig small_base() {
-  ModelConfig model;
-  model.vocab_size = 256;
-  model.d_model = 128;
-  model.n_layers = 4;
-  model.n_q_heads = 4;
-  model.n_kv_heads = 2;
-  model.head_dim = 16;
-  model.d_ffn = 352;
-  model.max_seq_len = 128;
-  return model;
-}
-
-// The bytes one micro-batch's loss and its graph hold after forward; with `document_start`, of
-// its packed documents (data.document_masking) too.
-int64_t measured_activations(const ModelConfig& config, Kernels kernels, int64_t batch,
-                             int64_t length, bool bf16, bool checkpointing,
-                             std::optional<int64_t> document_start = std::nullopt) {
-  at::manual_seed(0);
-  Llama model(config, kernels);
-  model->set_activation_checkpointing(checkpointing);
-  const at::Tensor tokens = at::randint(config.vocab_size, {batch, length + 1});
-  const at::Tensor inputs = tokens.narrow(1, 0, length).contiguous();
-  const at::Tensor targets = tokens.narrow(1, 1, length).contiguous();
-  const testing::CpuAllocationCounter counter;
-  std::optional<PackedDocuments> documents;
-  if (document_start) documents = pack_documents(inputs, *document_start);
-  // Inside the autocast region: the weights' casts it caches count too.
-  const AutocastGuard autocast(c10::kCPU, bf16);
-  const at::Tensor loss = model->loss(inputs, targets, documents ? &*documents : nullptr);
-  return counter.allocated_bytes();
 }
 
 constexpr int64_t kBaseParameters = 35'926'528;  // the 0.04B MiniLLaMA, as Hugging Face counts it
@@ -192,6 +160,31 @@ TEST(MemoryPlan, PackedDocumentsAddWhatTheirTablesAndMaskHold) {
           << config.train.kernels << (bf16 ? ", bf16" : ", fp32");
     }
   }
+}
+
+// mltrain's CUDA cross-entropy (fused_cuda) keeps the logits once, in the output projection's
+// dtype, with each row's max and log-sum, and writes their gradient over them: none of ATen's
+// log-softmax and gradients of the logits. Per token outside the blocks, beside the logits: the
+// final norm's fp32 input, its output (bf16 under autocast) and rstd.
+TEST(MemoryPlan, TheCudaCrossEntropyKeepsTheLogitsOnceInTheirDtype) {
+  Config config;  // the base model: d 512, V 4096, 12 layers
+  config.train.kernels = "fused_cuda";
+  const int64_t tokens = 16 * 1024;
+  for (const bool bf16 : {false, true}) {
+    const ComputePath path =
+        compute_path(config, {.ranks = 1, .cuda = true, .bf16 = bf16, .device_memory = 80e9});
+    EXPECT_TRUE(path.cuda_loss);
+    // With checkpointing the blocks keep their fp32 inputs alone: the rest is the head.
+    const double head = activation_bytes(config.model, tokens, path, true) / tokens - 12 * 4 * 512;
+    const double logits = (bf16 ? 2 : 4) * 4096;
+    EXPECT_DOUBLE_EQ(head, (bf16 ? 4 + 2 : 4 + 4) * 512 + 4 + logits + 8);
+    // Besides autocast's casts of the weights, no buffer of [tokens, V].
+    EXPECT_DOUBLE_EQ(working_bytes(config.model, tokens, path, false),
+                     bf16 ? 2.0 * kBaseParameters : 0.0);
+  }
+  config.train.kernels = "aten";
+  EXPECT_FALSE(compute_path(config, {.ranks = 1, .cuda = true, .bf16 = true, .device_memory = 80e9})
+                   .cuda_loss);
 }
 
 TEST(MemoryPlan, CheckpointingCutsTheBaseModelsActivationsManyTimes) {

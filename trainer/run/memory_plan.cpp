@@ -50,13 +50,17 @@ int64_t block_bytes_per_token(const ModelConfig& model, const ComputePath& path)
 
 // Bytes per token outside the blocks. The chunked loss: the final norm's input (4d) and the
 // gradient of its output, computed in forward in the output's dtype (fp32 4d; under autocast the
-// fused norm gives bf16, 2d), and each row's loss. The ATen path: the norm's input, fp32 copy and
-// output (12d; a bf16 cast of the output instead of the output itself under autocast, 10d) and the
-// log-softmax of the logits (4V).
+// fused norm gives bf16, 2d), and each row's loss. The CUDA cross-entropy: the norm's input and
+// output as the chunked loss keeps them, the logits in the output projection's dtype (bf16 2V
+// under autocast, else 4V) and each row's max and log-sum (8), and the norm's rstd (4). The ATen
+// path: the norm's input, fp32 copy and output (12d; a bf16 cast of the output instead of the
+// output itself under autocast, 10d) and the log-softmax of the logits (4V).
 int64_t head_bytes_per_token(const ModelConfig& model, const ComputePath& path) {
   const int64_t d = model.d_model;
+  const int64_t V = model.vocab_size;
   if (path.chunked_loss) return (path.bf16 && path.fused_layers ? 6 * d : 8 * d) + 4;
-  return (path.bf16 ? 10 * d : 12 * d) + 4 * model.vocab_size + 4;
+  if (path.cuda_loss) return (path.bf16 ? 6 * d + 2 * V : 8 * d + 4 * V) + 12;
+  return (path.bf16 ? 10 * d : 12 * d) + 4 * V + 4;
 }
 
 std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / kGB); }
@@ -108,6 +112,7 @@ ComputePath compute_path(const Config& config, const PlanTarget& target) {
   return {.bf16 = target.bf16,
           .fused_layers = fused_layers,
           .chunked_loss = ours,
+          .cuda_loss = kernels == Kernels::fused_cuda,
           .repeated_kv =
               target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads,
           .document_bytes_per_token = config.data.document_masking ? document_bytes : 0};
@@ -128,11 +133,13 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
   // Autocast caches its bf16 casts of the weights for the forward pass.
   const double casts = path.bf16 ? 2 * count(model.parameters()) : 0;
   // The chunked loss computes the output weight's gradient in forward, in fp32, and holds it into
-  // backward; without it backward holds the gradients of the log-softmax and of the logits, about
-  // 8 bytes per token and word of the vocabulary.
+  // backward; ATen's loss has backward hold the gradients of the log-softmax and of the logits,
+  // about 8 bytes per token and word of the vocabulary; the CUDA cross-entropy writes the logits'
+  // gradient over them.
   const double weight_gradient =
       path.chunked_loss ? 4 * count(model.vocab_size * model.d_model) : 0;
-  const double logits = path.chunked_loss ? 0 : 8 * count(tokens) * count(model.vocab_size);
+  const double logits =
+      path.chunked_loss || path.cuda_loss ? 0 : 8 * count(tokens) * count(model.vocab_size);
   const double documents = count(tokens) * count(path.document_bytes_per_token);
   // Without checkpointing the products keep the casts for backward. With it the graph keeps none,
   // and they are gone when the autocast region ends, before backward; backward holds one block's

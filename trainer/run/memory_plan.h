@@ -24,8 +24,8 @@ struct PlanTarget {
 // weights, gradients and optimizer state are closed forms that the tests hold against the tensors;
 // the activations and working memory, closed forms of what the autograd graph keeps, which the
 // tests hold against the bytes the CPU allocator hands out on both of the CPU's paths (mltrain's
-// kernels, and the ATen compositions that CUDA runs too); on CUDA they are estimates that no GPU
-// has checked yet.
+// kernels, and the ATen compositions that CUDA runs too); on CUDA they are estimates, which
+// tests/gpu/memory_plan_cuda_test.cpp holds against the CUDA allocator (not run on a GPU yet).
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
@@ -56,12 +56,14 @@ struct ComputePath {
   bool bf16 = false;
   // mltrain's fused layers (train.kernels auto on a CPU that runs them, fused_cuda on CUDA); else
   // the ATen compositions. What the fused layers keep was measured on the CPU; on CUDA the same
-  // count is assumed, not yet measured.
+  // count is assumed, until the GPU test measures it.
   bool fused_layers = true;
-  // mltrain's chunked loss (the CPU's); else the whole logits. The CUDA cross-entropy keeps the
-  // logits in their dtype and no fp32 log-softmax, and writes their gradient over them: counted as
-  // the ATen loss, an overestimate (by how much is unmeasured on a GPU).
+  // mltrain's chunked loss (the CPU's); else the whole logits.
   bool chunked_loss = true;
+  // mltrain's CUDA cross-entropy (train.kernels fused_cuda): the logits kept in their dtype, with
+  // no fp32 log-softmax, and their gradient written over them; else, without the chunked loss,
+  // ATen's.
+  bool cuda_loss = false;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
   // data.document_masking: what the packed documents add per token, held from forward through
   // backward by every layer at once: each token's rotary rows (cos and sin) and position,
