@@ -350,6 +350,78 @@ TEST(Resume, AutoResumesTheCheckpointThatLatestNames) {
   EXPECT_EQ(state["samples_consumed"], 6 * 16) << "resumed from step 4, not from step 9";
 }
 
+// A run of 4 steps checkpointed at 2 and 4.
+Config run_checkpointed_every_two(const TemporaryDirectory& dir) {
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.train.ckpt_every = 2;
+  config.optim.warmup_steps = 1;
+  train(config);
+  return config;
+}
+
+// The files of checkpoint `name` under `checkpoints`, by path relative to it.
+std::map<std::string, std::string> files_of(const std::filesystem::path& checkpoints,
+                                            const std::string& name) {
+  return testing::file_contents(checkpoints / name);
+}
+
+// Without `latest` (a save killed between its rename and the marker, or the marker deleted),
+// --resume auto continues from the newest checkpoint, where it once started afresh and wrote its
+// own checkpoints over the saved ones; they are left as they were.
+TEST(Resume, AutoWithoutLatestResumesTheNewestCheckpoint) {
+  TemporaryDirectory dir;
+  Config config = run_checkpointed_every_two(dir);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  const auto step_2 = files_of(checkpoints, "step_00000002");
+  const auto step_4 = files_of(checkpoints, "step_00000004");
+  std::filesystem::remove(checkpoints / "latest");
+  EXPECT_EQ(CheckpointStore(dir / "run").latest(), checkpoints / "step_00000004");
+  config.train.max_steps = 6;
+  train(config, "auto");
+  EXPECT_EQ(files_of(checkpoints, "step_00000002"), step_2);
+  EXPECT_EQ(files_of(checkpoints, "step_00000004"), step_4);
+  const auto state =
+      nlohmann::json::parse(testing::read_text(checkpoints / "step_00000006" / "state.json"));
+  EXPECT_EQ(state["samples_consumed"], 6 * 16) << "not resumed from step 4";
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000006\n");
+}
+
+// A save never deletes what holds its step's name: a later checkpoint of another branch of the run
+// (resumed here from an earlier one), or a folder of the user's, is moved aside to
+// step_XXXXXXXX.replaced-N, which nothing resumes from or prunes.
+TEST(Checkpoints, ASaveKeepsWhatHoldsItsStepsNameAside) {
+  TemporaryDirectory dir;
+  Config config = run_checkpointed_every_two(dir);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  const auto branch = files_of(checkpoints, "step_00000004");
+  std::filesystem::create_directories(checkpoints / "step_00000006");
+  testing::write_text(checkpoints / "step_00000006" / "notes.txt", "keep me");
+  config.optim.lr *= 2;  // another branch from step 2
+  config.train.max_steps = 6;
+  train(config, (checkpoints / "step_00000002").string());
+
+  EXPECT_EQ(files_of(checkpoints, "step_00000004.replaced-1"), branch);
+  EXPECT_NE(files_of(checkpoints, "step_00000004"), branch);
+  EXPECT_EQ(testing::read_text(checkpoints / "step_00000006.replaced-1" / "notes.txt"), "keep me");
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006" / "state.json"));
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000006\n");
+}
+
+// The same checkpoint saved again replaces itself, with no copy left aside: a save that a kill
+// kept from `latest` is saved again, bit for bit, by the run resumed from the checkpoint before.
+TEST(Checkpoints, TheSameCheckpointSavedAgainReplacesItself) {
+  TemporaryDirectory dir;
+  Config config = run_checkpointed_every_two(dir);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  const auto step_4 = files_of(checkpoints, "step_00000004");
+  testing::write_text(checkpoints / "latest", "step_00000002\n");
+  train(config, "auto");
+  EXPECT_EQ(files_of(checkpoints, "step_00000004"), step_4);
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000004.replaced-1"));
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
+}
+
 TEST(Resume, AutoWithoutACheckpointStartsFresh) {
   TemporaryDirectory dir;
   Config config = testing::tiny_run(dir.path());

@@ -124,11 +124,29 @@ TEST(Config, AnEmptyValueOfAStringKeyIsTheEmptyString) {
   EXPECT_EQ(load_config(dir / "quoted.yaml", {"data.tokenizer=\"\""}).data.tokenizer, "");
 }
 
+// A second YAML document (after ---) would go unread: the file is refused, with the count.
+TEST(Config, AFileOfSeveralYamlDocumentsIsRefused) {
+  EXPECT_CONTAINS(config_error("model:\n  d_model: 32\n---\nmodel:\n  d_model: 64\n"),
+                  "holds 2 YAML documents (separated by ---): a config is one");
+  EXPECT_EQ(config_error("---\nmodel:\n  d_model: 32\n"), "") << "one document, marked";
+}
+
 TEST(Config, OutOfRangeValuesAreNamed) {
   EXPECT_CONTAINS(config_error("data:\n  micro_batch: 0\n"),
                   "data.micro_batch must be at least 1, got 0");
   EXPECT_CONTAINS(config_error("optim:\n  beta2: 1.5\n"),
-                  "optim.beta2 must be between 0 and 1, got 1.5");
+                  "optim.beta2 must be at least 0 and below 1, got 1.5");
+  // A decay of 1 never forgets: AdamW's bias correction divides by 1 - beta^t = 0.
+  EXPECT_CONTAINS(config_error("optim:\n  beta1: 1\n"),
+                  "optim.beta1 must be at least 0 and below 1, got 1");
+  EXPECT_CONTAINS(config_error("train:\n  threads: 100000\n"),
+                  "train.threads must be between 0 and 1024, got 100000");
+  // Infinity passes "at least": refused as what no key takes.
+  for (const char* infinite : {"optim:\n  lr: .inf\n", "model:\n  rope_theta: .inf\n"}) {
+    EXPECT_CONTAINS(config_error(infinite), "must be a finite number, got inf") << infinite;
+  }
+  EXPECT_CONTAINS(config_error("", {"dist.bucket_mb=.inf"}),
+                  "dist.bucket_mb must be a finite number, got inf");
   EXPECT_CONTAINS(config_error("optim:\n  schedule: exponential\n"),
                   "optim.schedule must be one of cosine, constant, linear, wsd");
   EXPECT_CONTAINS(config_error("train:\n  device: tpu\n"),
@@ -243,6 +261,10 @@ TEST(Config, DataSourcesRoundTripAndBadEntriesAreNamed) {
                   "data.sources entry 1 (a): weight must be a finite number of at least 0, got -1");
   EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: 0}]\n"),
                   "every weight of data.sources is 0");
+  // Each finite, their sum is not: each share would be 0 of infinity.
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: 1e308}, "
+                               "{name: b, train: u, val: w, weight: 1e308}]\n"),
+                  "the weights of data.sources add up to more than a double holds");
   EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, wieght: 1}]\n"),
                   "data.sources entry 1: unknown key wieght");
   EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: lots}]\n"),

@@ -16,6 +16,44 @@ namespace {
 // `latest` holds one checkpoint's name; anything much longer is not one.
 constexpr uint64_t kLatestBytes = 4096;
 
+// A state.json is a few kilobytes: its progress, RNG state and checksums.
+constexpr uint64_t kStateBytes = uint64_t{1} << 20;
+
+// Whether `existing` is the checkpoint just written to `written` once more (a save that a kill
+// kept from `latest`, saved again by the run resumed from before it): the same state.json, which
+// holds the step, the progress, the RNG state and every other file's checksum.
+bool same_checkpoint(const std::filesystem::path& written, const std::filesystem::path& existing) {
+  try {
+    return read_text_file(existing / "state.json", "checkpoint state", kStateBytes) ==
+           read_text_file(written / "state.json", "checkpoint state", kStateBytes);
+  } catch (const std::exception&) {
+    return false;  // none, or unreadable: not a copy of this one
+  }
+}
+
+// Clears the way for the checkpoint written to `written` at `path`: the same checkpoint is
+// replaced, and anything else there (another branch of the run, resumed from an earlier
+// checkpoint; something a user put there) is moved to the first free PATH.replaced-N, a name that
+// nothing resumes from or prunes, so that a save deletes nothing but a copy of itself.
+void make_way(const std::filesystem::path& written, const std::filesystem::path& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return;
+  if (same_checkpoint(written, path)) {
+    remove_tree(path);
+    return;
+  }
+  std::filesystem::path aside;
+  for (int n = 1;; ++n) {
+    aside = path.string() + ".replaced-" + std::to_string(n);
+    if (!std::filesystem::exists(std::filesystem::symlink_status(aside, error))) break;
+  }
+  std::filesystem::rename(path, aside);
+  spdlog::warn(
+      "{} was already there (another branch of this run, or something put there): kept "
+      "as {}",
+      path.string(), aside.filename().string());
+}
+
 }  // namespace
 
 CheckpointStore::CheckpointStore(const std::filesystem::path& run_dir)
@@ -73,7 +111,7 @@ std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
     std::filesystem::create_directory(temporary);
     write_checkpoint(temporary, contents, observe);
     fsync_directory(temporary);
-    remove_tree(final_path);  // a checkpoint of this step from an earlier attempt
+    make_way(temporary, final_path);
     std::filesystem::rename(temporary, final_path);
     fsync_directory(directory_);
     if (observe) observe(SaveMoment::renamed, final_path);
@@ -113,8 +151,15 @@ void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_
 std::optional<std::filesystem::path> CheckpointStore::latest() const {
   const std::filesystem::path marker = directory_ / "latest";
   std::error_code missing;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing)))
-    return std::nullopt;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing))) {
+    // A save killed between its rename and `latest`, or `latest` deleted: the checkpoints are
+    // complete (only a complete one has its final name), and the newest stands in for the marker.
+    const std::vector<int64_t> steps = saved_steps();
+    if (steps.empty()) return std::nullopt;
+    spdlog::warn("{} is missing: taking the newest checkpoint, {}", marker.string(),
+                 checkpoint_name(steps.front()));
+    return path_of(steps.front());
+  }
   // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
   std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
   if (!name.empty() && name.back() == '\n') name.pop_back();

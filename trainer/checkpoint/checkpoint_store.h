@@ -14,6 +14,8 @@ namespace mltrain {
 // RUN_DIR/checkpoints/latest, the one source of truth for which checkpoint is the newest. A
 // checkpoint is written into step_XXXXXXXX.tmp/ and renamed once complete, and only then does
 // `latest` name it: a directory with a final name is always complete, and `latest` names one.
+// Where `latest` is missing (a save killed just before writing it), the newest checkpoint stands
+// in for it.
 class CheckpointStore {
  public:
   explicit CheckpointStore(const std::filesystem::path& run_dir);
@@ -25,13 +27,15 @@ class CheckpointStore {
 
   // Saves `contents`, points `latest` at the new checkpoint, then keeps the newest keep_last
   // checkpoints up to it plus every multiple of keep_every (0: none); checkpoints of later steps,
-  // left by a run that was resumed from an earlier one, are not touched. A failed write removes its
-  // temporary directory, leaves every saved checkpoint as it was, and throws a runtime error.
-  // `observe` is called at each SaveMoment.
+  // left by a run that was resumed from an earlier one, are not touched; what holds the new
+  // checkpoint's name is replaced only if it is the same checkpoint, and else moved aside to
+  // step_XXXXXXXX.replaced-N. A failed write removes its temporary
+  // directory, leaves every saved checkpoint as it was, and throws a runtime error. `observe` is
+  // called at each SaveMoment.
   std::filesystem::path save(const CheckpointContents& contents,
                              const SaveObserver& observe = {}) const;
 
-  // The checkpoint `latest` names, if any.
+  // The checkpoint `latest` names, or without `latest` the newest, if any.
   std::optional<std::filesystem::path> latest() const;
 
   // Where the checkpoint of `step` is, or would be.

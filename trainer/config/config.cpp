@@ -55,17 +55,27 @@ KeySpec data_sources_key() {
 }
 
 // The limits a value must respect; each key sets the ones that apply.
+// Every number must be finite besides.
 struct Limits {
   double min = -std::numeric_limits<double>::infinity();
   double max = std::numeric_limits<double>::infinity();
+  bool below_max = false;  // max itself is out
   std::vector<std::string> choices;
 };
 
-Limits at_least(double min) { return Limits{min, std::numeric_limits<double>::infinity(), {}}; }
-Limits between(double min, double max) { return Limits{min, max, {}}; }
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+Limits at_least(double min) { return Limits{min, kInfinity, false, {}}; }
+Limits between(double min, double max) { return Limits{min, max, false, {}}; }
+Limits at_least_and_below(double min, double max) { return Limits{min, max, true, {}}; }
 Limits one_of(std::vector<std::string> choices) {
-  return Limits{-std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(),
-                std::move(choices)};
+  return Limits{-kInfinity, kInfinity, false, std::move(choices)};
+}
+
+// The range a number must be in, for the message.
+std::string range_of(const Limits& limits) {
+  if (limits.max == kInfinity) return fmt::format("at least {}", limits.min);
+  if (limits.below_max) return fmt::format("at least {} and below {}", limits.min, limits.max);
+  return fmt::format("between {} and {}", limits.min, limits.max);
 }
 
 template <class T>
@@ -79,11 +89,13 @@ void check_limits(const T& value, const Limits& limits, const std::string& path,
     }
   } else if constexpr (!std::is_same_v<T, bool>) {
     const double number = static_cast<double>(value);
-    if (!(number >= limits.min) || !(number <= limits.max)) {
-      const std::string range = limits.max == std::numeric_limits<double>::infinity()
-                                    ? fmt::format("at least {}", limits.min)
-                                    : fmt::format("between {} and {}", limits.min, limits.max);
-      throw UserError(fmt::format("{}: {} must be {}, got {}", origin, path, range, value));
+    if (!std::isfinite(number)) {
+      throw UserError(fmt::format("{}: {} must be a finite number, got {}", origin, path, value));
+    }
+    const bool above = limits.below_max ? !(number < limits.max) : !(number <= limits.max);
+    if (!(number >= limits.min) || above) {
+      throw UserError(
+          fmt::format("{}: {} must be {}, got {}", origin, path, range_of(limits), value));
     }
   }
 }
@@ -310,7 +322,15 @@ void read_file(Config& config, const std::filesystem::path& file) {
   const std::string text = read_text_file(file, "config file");
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    // A second document (after ---) would be read by nobody: refused, not dropped unread.
+    if (documents.size() > 1) {
+      throw UserError(fmt::format(
+          "{}: holds {} YAML documents (separated by ---): a config is one; put its sections in "
+          "one, or the others in files of their own",
+          file.string(), documents.size()));
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& error) {
     throw UserError(
         fmt::format("{}:{}: not valid YAML: {}", file.string(), error.mark.line + 1, error.msg));

@@ -42,8 +42,8 @@ namespace mltrain {
   KEY(S, int64_t, warmup_steps, 200, "steps of linear warmup (<= train.max_steps)", at_least(0))   \
   KEY(S, std::string, schedule, "cosine", "learning-rate schedule after warmup",                   \
       one_of({"cosine", "constant", "linear", "wsd"}))                                             \
-  KEY(S, double, beta1, 0.9, "AdamW first-moment decay", between(0, 1))                            \
-  KEY(S, double, beta2, 0.95, "AdamW second-moment decay", between(0, 1))                          \
+  KEY(S, double, beta1, 0.9, "AdamW first-moment decay", at_least_and_below(0, 1))                 \
+  KEY(S, double, beta2, 0.95, "AdamW second-moment decay", at_least_and_below(0, 1))               \
   KEY(S, double, eps, 1.0e-8, "AdamW epsilon", at_least(0))                                        \
   KEY(S, double, weight_decay, 0.1, "decoupled weight decay of matrices (not norms)", at_least(0)) \
   KEY(S, double, grad_clip, 1.0, "clip the global gradient norm to this (0: off)", at_least(0))    \
@@ -53,7 +53,7 @@ namespace mltrain {
       "peak learning rate of Muon's matrices, which the schedule scales as it scales lr (0: lr, "  \
       "which Muon's update scale carries over)",                                                   \
       at_least(0))                                                                                 \
-  KEY(S, double, muon_momentum, 0.95, "Muon's Nesterov momentum", between(0, 1))                   \
+  KEY(S, double, muon_momentum, 0.95, "Muon's Nesterov momentum", at_least_and_below(0, 1))        \
   KEY(S, int64_t, muon_ns_steps, 5, "Newton-Schulz iterations of each Muon update", between(1, 100))
 
 #define MLTRAIN_TRAIN_KEYS(KEY, S)                                                               \
@@ -69,7 +69,7 @@ namespace mltrain {
       one_of({"auto", "fused", "fused_cuda", "aten"}))                                           \
   KEY(S, std::string, device, "auto", "auto (CUDA when present), cpu or cuda",                   \
       one_of({"auto", "cpu", "cuda"}))                                                           \
-  KEY(S, int64_t, threads, 0, "CPU intra-op threads (0: all cores)", at_least(0))                \
+  KEY(S, int64_t, threads, 0, "CPU intra-op threads (0: all cores)", between(0, 1024))           \
   KEY(S, bool, tf32, true,                                                                       \
       "fp32 matrix products on CUDA in TF32 (tensor cores, 10-bit mantissa inputs, fp32 "        \
       "accumulation); false: full fp32. No effect on the CPU or under bf16",                     \

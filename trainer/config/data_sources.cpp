@@ -96,6 +96,13 @@ void check_data_sources(const Config& config, const std::string& source) {
         "{}: every weight of data.sources is 0: give at least one source a positive weight",
         source));
   }
+  // Each source's share is its weight over the sum, which must be a number.
+  if (!std::isfinite(total)) {
+    throw UserError(fmt::format(
+        "{}: the weights of data.sources add up to more than a double holds: only their ratios "
+        "count, so give them smaller",
+        source));
+  }
 }
 
 }  // namespace mltrain
