@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <string>
 
 namespace mltrain {
 namespace {
@@ -35,6 +36,17 @@ void remove_tree(const std::filesystem::path& path) {
   std::error_code error;
   remove_tree(path, error);
   if (error) throw std::filesystem::filesystem_error("cannot remove", path, error);
+}
+
+std::filesystem::path move_aside(const std::filesystem::path& path) {
+  std::error_code error;
+  for (int n = 1;; ++n) {
+    std::filesystem::path aside = path;
+    aside += ".replaced-" + std::to_string(n);
+    if (std::filesystem::exists(std::filesystem::symlink_status(aside, error))) continue;
+    std::filesystem::rename(path, aside);
+    return aside;
+  }
 }
 
 }  // namespace mltrain

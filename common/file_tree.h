@@ -15,4 +15,8 @@ namespace mltrain {
 void remove_tree(const std::filesystem::path& path);  // throws std::filesystem::filesystem_error
 void remove_tree(const std::filesystem::path& path, std::error_code& error) noexcept;
 
+// Renames what is at `path` (a file, a directory, a link) to the first free PATH.replaced-N and
+// returns that name, for a writer that must not delete what holds the name it writes to.
+std::filesystem::path move_aside(const std::filesystem::path& path);  // throws filesystem_error
+
 }  // namespace mltrain

@@ -55,6 +55,32 @@ TEST(RunDirectory, ASecondRunIsRefusedAndTheFirstGoesOn) {
   EXPECT_EQ(next.exit_code, 0) << next.output;
 }
 
+// A config kept by hand at RUN_DIR/config.yaml, where a run writes its effective config, was
+// written over, its comments and values lost. It is moved aside to config.yaml.replaced-1, once:
+// the effective config written in its place resumes the run and is rewritten, not moved again.
+TEST(RunDirectory, AConfigOfTheUsersAtTheEffectiveConfigsPathIsKeptAside) {
+  TemporaryDirectory dir;
+  write_config(dir, 2);
+  const auto own = dir / "run" / "config.yaml";
+  std::filesystem::create_directories(own.parent_path());
+  const std::string text = "# keep me\n" + testing::read_text(dir / "run.yaml");
+  testing::write_text(own, text);
+
+  const CommandResult trained = run_command(mltrain(own.string() + " --set optim.warmup_steps=1"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_CONTAINS(trained.output,
+                  "is not a config mltrain wrote (one of yours?): kept as "
+                  "config.yaml.replaced-1");
+  EXPECT_EQ(testing::read_text(dir / "run" / "config.yaml.replaced-1"), text);
+  EXPECT_TRUE(testing::read_text(own).starts_with("# The effective config of this run"));
+
+  const CommandResult resumed =
+      run_command(mltrain(own.string() + " --resume auto --set train.max_steps=3"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "config.yaml.replaced-2"));
+  EXPECT_CONTAINS(testing::read_text(own), "max_steps: 3");
+}
+
 // The kernel drops the lock of a process that is killed: no stale lock stops the next run.
 TEST(RunDirectory, AKilledRunLeavesNoLockBehind) {
   TemporaryDirectory dir;

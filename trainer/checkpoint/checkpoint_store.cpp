@@ -42,12 +42,7 @@ void make_way(const std::filesystem::path& written, const std::filesystem::path&
     remove_tree(path);
     return;
   }
-  std::filesystem::path aside;
-  for (int n = 1;; ++n) {
-    aside = path.string() + ".replaced-" + std::to_string(n);
-    if (!std::filesystem::exists(std::filesystem::symlink_status(aside, error))) break;
-  }
-  std::filesystem::rename(path, aside);
+  const std::filesystem::path aside = move_aside(path);
   spdlog::warn(
       "{} was already there (another branch of this run, or something put there): kept "
       "as {}",

@@ -46,6 +46,29 @@
 namespace mltrain {
 namespace {
 
+// The first line of the effective config that a run writes to RUN_DIR/config.yaml: a file there
+// without it is not one mltrain wrote.
+constexpr std::string_view kEffectiveConfigHeader =
+    "# The effective config of this run, which mltrain writes here at each start: keep a config "
+    "of your own elsewhere\n";
+
+// What holds RUN_DIR/config.yaml and is not a config mltrain wrote there (a user's own config kept
+// in the run directory, a directory) is moved aside, not written over. Effective configs of runs
+// before the header are moved aside once.
+void make_way_for_effective_config(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(path, error);
+  if (!std::filesystem::exists(status)) return;
+  if (std::filesystem::is_regular_file(status) &&
+      read_text_file(path, "the run's config").starts_with(kEffectiveConfigHeader))
+    return;
+  const std::filesystem::path aside = move_aside(path);
+  spdlog::warn(
+      "{} is not a config mltrain wrote (one of yours?): kept as {}, and the run's "
+      "effective config is written in its place",
+      path.string(), aside.filename().string());
+}
+
 std::string duration_text(double seconds) {
   const auto total = static_cast<int64_t>(std::lround(seconds));
   if (total >= 3600) return fmt::format("{}h{:02d}m", total / 3600, total % 3600 / 60);
@@ -423,8 +446,10 @@ void TrainingRun::start_data() {
 // were: rank 0 writes the effective config and appends to the metrics.
 void TrainingRun::open_outputs() {
   if (!leader_) return;
-  write_file_atomically(run_dir_ / "config.yaml",
-                        config_to_yaml(with_absolute_data_paths(config_)));
+  make_way_for_effective_config(run_dir_ / "config.yaml");
+  write_file_atomically(
+      run_dir_ / "config.yaml",
+      std::string(kEffectiveConfigHeader) + config_to_yaml(with_absolute_data_paths(config_)));
   metrics_ = std::make_unique<MetricsLog>(run_dir_ / "metrics.jsonl");
   if (config_.train.tensorboard)
     tensorboard_ = std::make_unique<TensorBoardLog>(run_dir_ / "tensorboard");
