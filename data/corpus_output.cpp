@@ -4,14 +4,20 @@
 
 #include <fmt/format.h>
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <functional>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <system_error>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file_tree.h"
+#include "common/input_file.h"
 
 namespace mltrain {
 namespace {
@@ -19,13 +25,51 @@ namespace {
 // Staging directories are named for the process; one left by a killed run is removed by the next,
 // which holds the lock.
 constexpr std::string_view kStagingPrefix = ".mlprep-staging-";
+// Present while a corpus is moved into place: its staging directory's name, then one line per
+// file of the new corpus.
+constexpr std::string_view kPublishingMarker = ".mlprep-publishing";
 
 UserError cannot(const char* what, const std::filesystem::path& path,
                  const std::error_code& error) {
   return UserError(fmt::format("--out {}: cannot {}: {}", path.string(), what, error.message()));
 }
 
+// Moves what is still staged into `directory`, removes the earlier corpus's files that are not
+// the new one's, the staging directory and then the marker: from the marker's writing to its
+// removal, this is what a killed publish leaves for the next run to finish.
+// (`after_each_move`: the tests' seam for a kill between two moves.)
+void finish_publishing(const std::filesystem::path& directory, const std::filesystem::path& staging,
+                       const std::set<std::string>& corpus,
+                       const std::function<void()>& after_each_move = {}) {
+  std::error_code error;
+  if (std::filesystem::exists(staging, error)) {
+    for (const auto& entry : std::filesystem::directory_iterator(staging)) {
+      std::filesystem::rename(entry.path(), directory / entry.path().filename());  // at once
+      if (after_each_move) after_each_move();
+    }
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && is_mlprep_file_name(name) && !corpus.contains(name))
+      std::filesystem::remove(entry.path());
+  }
+  remove_tree(staging);
+  fsync_directory(directory);
+  std::filesystem::remove(directory / kPublishingMarker);
+  fsync_directory(directory);
+}
+
 }  // namespace
+
+void refuse_half_replaced_corpus(const std::filesystem::path& directory) {
+  std::error_code error;
+  if (std::filesystem::exists(
+          std::filesystem::symlink_status(directory / kPublishingMarker, error)))
+    throw UserError(fmt::format(
+        "{}: an mlprep --overwrite was killed while it replaced the corpus here, which is half "
+        "old and half new: run mlprep with --out {} again, which finishes the replacement first",
+        directory.string(), directory.string()));
+}
 
 bool is_mlprep_file_name(const std::string& name) {
   static const std::regex kName(R"(((train|val)_\d{6,}\.bin|tokenizer\.model)(\.tmp\.\d+)?)");
@@ -38,6 +82,7 @@ CorpusOutput::CorpusOutput(std::filesystem::path directory, bool overwrite)
                          .owner = "mlprep",
                          .setting = "--out",
                          .keep_lock_file = false}) {
+  finish_killed_publish();
   std::error_code error;
   std::filesystem::directory_iterator entries(directory_, error);
   if (error) throw cannot("list the directory", directory_, error);
@@ -69,7 +114,36 @@ CorpusOutput::~CorpusOutput() {
   remove_tree(write_directory_, ignored);
 }
 
-void CorpusOutput::publish() {
+void CorpusOutput::finish_killed_publish() {
+  const std::filesystem::path marker = directory_ / kPublishingMarker;
+  std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, error))) return;
+  std::istringstream lines(read_text_file(marker, "mlprep's publishing marker"));
+  std::string staging;
+  std::getline(lines, staging);
+  std::set<std::string> corpus;
+  for (std::string name; std::getline(lines, name);) corpus.insert(name);
+  const bool ours = staging.starts_with(kStagingPrefix) && staging.find('/') == std::string::npos &&
+                    std::all_of(corpus.begin(), corpus.end(), is_mlprep_file_name);
+  if (!ours) {
+    throw UserError(
+        fmt::format("{}: not the marker mlprep writes while it publishes a corpus; "
+                    "move it away",
+                    marker.string()));
+  }
+  spdlog::warn(
+      "--out {}: finishing the replacement of the corpus that a killed mlprep began ({} "
+      "files)",
+      directory_.string(), corpus.size());
+  try {
+    finish_publishing(directory_, directory_ / staging, corpus);
+  } catch (const std::filesystem::filesystem_error& failure) {
+    throw UserError(fmt::format("--out {}: finishing the replacement of the corpus failed ({})",
+                                directory_.string(), failure.what()));
+  }
+}
+
+void CorpusOutput::publish(const std::function<void()>& after_each_move) {
   std::set<std::string> staged;
   for (const auto& entry : std::filesystem::directory_iterator(write_directory_))
     staged.insert(entry.path().filename().string());
@@ -83,24 +157,20 @@ void CorpusOutput::publish() {
                       directory_.string(), name));
     }
   }
-  // From here a failure keeps the staging directory: it holds what was not moved yet.
+  // From the marker on, the moves are finished by this run or, killed, by the next one; until then
+  // the marker keeps mltrain from reading the half-replaced corpus.
+  std::string marker = write_directory_.filename().string() + "\n";
+  for (const std::string& name : staged) marker += name + "\n";
+  write_file_atomically(directory_ / kPublishingMarker, marker);
   publishing_ = true;
   try {
-    for (const std::string& name : staged)
-      std::filesystem::rename(write_directory_ / name, directory_ / name);  // replaces at once
-    for (const auto& entry : std::filesystem::directory_iterator(directory_)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_regular_file() && is_mlprep_file_name(name) && !staged.contains(name))
-        std::filesystem::remove(entry.path());
-    }
+    finish_publishing(directory_, write_directory_, staged, after_each_move);
   } catch (const std::filesystem::filesystem_error& error) {
     throw UserError(fmt::format(
         "--out {}: replacing the earlier corpus failed ({}); the new files not moved yet are in {}",
         directory_.string(), error.what(), write_directory_.string()));
   }
-  remove_tree(write_directory_);
   published_ = true;
-  fsync_directory(directory_);
 }
 
 }  // namespace mltrain

@@ -6,8 +6,11 @@
 #include <spdlog/spdlog.h>
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <set>
 
 #include "common/error.h"
+#include "data/corpus_output.h"
 
 namespace mltrain {
 
@@ -23,6 +26,10 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
                     pattern));
   }
   std::sort(paths.begin(), paths.end());
+  std::set<std::filesystem::path> directories;
+  for (const std::string& path : paths)
+    directories.insert(std::filesystem::path(path).parent_path());
+  for (const std::filesystem::path& directory : directories) refuse_half_replaced_corpus(directory);
   return paths;
 }
 

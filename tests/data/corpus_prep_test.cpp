@@ -12,6 +12,7 @@
 
 #include "common/directory_lock.h"
 #include "common/error.h"
+#include "data/corpus_output.h"
 #include "data/shard.h"
 #include "data/token_windows.h"
 #include "data/tokenizer.h"
@@ -279,6 +280,48 @@ TEST(CorpusPrep, AFailedOverwriteLeavesTheEarlierCorpus) {
   EXPECT_EQ(shard_bytes(dir / "out"), earlier);
   EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"), earlier_tokenizer);
   expect_no_staging_left(dir / "out");
+}
+
+// An overwrite killed between two of its moves left a corpus half old and half new, which mltrain
+// trained on. Until the next mlprep of the directory finishes the moves, mltrain refuses to read
+// it; then the directory holds the new corpus alone, with no marker or staging left.
+TEST(CorpusPrep, AnOverwriteKilledWhileMovingIsFinishedByTheNextRun) {
+  TemporaryDirectory dir;
+  CorpusPrepOptions options = fortune_options(dir / "out", 2);
+  prepare_corpus(options);
+  options.out_dir = dir / "new";
+  options.vocab_size = 1200;  // another tokenizer, other shards
+  prepare_corpus(options);
+  const auto new_shards = shard_bytes(dir / "new");
+  ASSERT_NE(shard_bytes(dir / "out"), new_shards);
+  ASSERT_GT(new_shards.size(), 3u);
+
+  struct Killed {};
+  {
+    CorpusOutput output(dir / "out", /*overwrite=*/true);
+    for (const auto& entry : std::filesystem::directory_iterator(dir / "new"))
+      std::filesystem::copy_file(entry.path(), output.write_directory() / entry.path().filename());
+    int moves = 0;
+    EXPECT_THROW(output.publish([&] {
+      if (++moves == 2) throw Killed{};
+    }),
+                 Killed);
+  }
+  try {
+    TokenWindows((dir / "out" / "train_*.bin").string(), 64, 1500);
+    FAIL() << "a half-replaced corpus was read";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()),
+                    "an mlprep --overwrite was killed while it replaced the corpus here");
+  }
+
+  { const CorpusOutput next(dir / "out", /*overwrite=*/true); }
+  EXPECT_EQ(shard_bytes(dir / "out"), new_shards);
+  EXPECT_EQ(testing::read_text(dir / "out" / "tokenizer.model"),
+            testing::read_text(dir / "new" / "tokenizer.model"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / ".mlprep-publishing"));
+  expect_no_staging_left(dir / "out");
+  EXPECT_NO_THROW(TokenWindows((dir / "out" / "train_*.bin").string(), 64, 1200));
 }
 
 // A directory where the new corpus puts a file stops the overwrite before anything moves.
