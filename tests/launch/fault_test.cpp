@@ -369,6 +369,26 @@ TEST(Faults, ARollbackGoesToTheRunsOwnCheckpointNotTheNewestInTheDirectory) {
                       (checkpoints / "step_00000004").string() + " (step 4)");
 }
 
+// A run that ends without applying an update, none at all or none since its rollback, failed:
+// its checkpoints hold the weights it started from. Both once ended with exit 0.
+TEST(Faults, ARunThatAppliesNoUpdateFails) {
+  TemporaryDirectory dir;
+  const std::string config =
+      write_config(dir, 8) + " --set train.ckpt_every=2 --set train.max_bad_steps=3";
+  const auto none = run_command(mltrain_with_fault(
+      "nonfinite-gradients:1-101", config + " --set train.max_steps=2 --set optim.warmup_steps=1"));
+  EXPECT_EQ(none.exit_code, kExitRuntimeFailure) << none.output;
+  EXPECT_CONTAINS(none.output, "every step of this run was skipped");
+
+  // Steps 5 to 7 skipped: back to step 6's checkpoint (saved after two skipped steps); 7 and 8
+  // skipped again, fewer than max_bad_steps before the end.
+  const auto since_rollback = run_command(mltrain_with_fault(
+      "nonfinite-gradients:5-101", config + " --set train.run_dir=" + (dir / "late").string()));
+  EXPECT_EQ(since_rollback.exit_code, kExitRuntimeFailure) << since_rollback.output;
+  EXPECT_CONTAINS(since_rollback.output, "rolled back to");
+  EXPECT_CONTAINS(since_rollback.output, "no step was applied since the rollback to step_00000006");
+}
+
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   TemporaryDirectory dir;
   const std::string config =

@@ -189,6 +189,7 @@ class TrainingRun {
   std::optional<StepValues> read_steps();
   bool count_skipped_step(int64_t step, const StepValues& values);
   void roll_back(int64_t step, const std::string& bad_steps);
+  void fail_if_nothing_applied() const;
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::optional<std::filesystem::path> save_checkpoint();
@@ -242,6 +243,7 @@ class TrainingRun {
   std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
   std::string write_failure_;           // rank 0's failed background write, until every rank knows
   bool applied_since_rollback_ = true;  // a step was applied since the last rollback, if any
+  int64_t applied_steps_ = 0;           // steps of this run whose update was applied
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -667,6 +669,7 @@ void TrainingRun::run() {
   }
   settle_stop_vote();
   settle_checkpoint_writes();
+  fail_if_nothing_applied();
   if (schedule_->stops_early()) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
                  schedule_->last_step());
@@ -722,6 +725,7 @@ std::optional<StepValues> TrainingRun::read_steps() {
     } else {
       bad_steps_in_a_row_ = 0;
       applied_since_rollback_ = true;
+      ++applied_steps_;
     }
   }
   return last;
@@ -814,6 +818,24 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
                      {"to_step", progress_.step},
                      {"checkpoint", checkpoint.string()},
                      {"samples_left_out", samples_left_out}});
+}
+
+// A run that reached its last step without applying an update, none at all or none since its
+// rollback, has checkpoints that hold the weights it started from: a failure (exit 1), which a few
+// skipped steps before the end (fewer than train.max_bad_steps) are not.
+void TrainingRun::fail_if_nothing_applied() const {
+  if (applied_steps_ == 0) {
+    throw std::runtime_error(
+        "every step of this run was skipped (a non-finite loss or gradient, or a loss spike): no "
+        "update was applied, and its checkpoints hold the weights it started from; see the "
+        "warnings above");
+  }
+  if (rolled_back_to_ && !applied_since_rollback_) {
+    throw std::runtime_error(fmt::format(
+        "no step was applied since the rollback to {}: the checkpoints saved since hold its "
+        "weights; the settings are bad, not a few samples",
+        rolled_back_to_->filename().string()));
+  }
 }
 
 void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
