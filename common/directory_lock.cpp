@@ -68,11 +68,15 @@ DirectoryLock::DirectoryLock(const std::filesystem::path& directory, Names names
     throw UserError(fmt::format("{} {}: cannot create the directory: {}", names_.setting,
                                 directory_.string(), error.message()));
   }
+  take();
+  check_writable();
+}
+
+void DirectoryLock::take() {
   // An owner that removes the lock file on release can do so between this opening it and locking
   // it: the file locked is then no longer the directory's, and the opening is done again.
   while (!try_lock(directory_ / names_.lock_file)) {
   }
-  check_writable();
   if (!locked_) return;
   const std::string holder = holder_line();
   if (::ftruncate(fd_, 0) != 0 ||
@@ -80,6 +84,22 @@ DirectoryLock::DirectoryLock(const std::filesystem::path& directory, Names names
     spdlog::warn("{}: cannot record who holds it: {}", (directory_ / names_.lock_file).string(),
                  std::strerror(errno));
   }
+}
+
+void DirectoryLock::keep_held() {
+  if (!locked_) return;
+  const std::filesystem::path path = directory_ / names_.lock_file;
+  struct stat there {};
+  struct stat held {};
+  if (::stat(path.c_str(), &there) == 0 && ::fstat(fd_, &held) == 0 &&
+      there.st_ino == held.st_ino && there.st_dev == held.st_dev)
+    return;
+  ::close(fd_);
+  fd_ = -1;
+  locked_ = false;
+  take();  // a UserError where another owner took the directory meanwhile
+  spdlog::warn("{} was removed while this {} held it (taken for a stale lock?): taken again",
+               path.string(), names_.owner);
 }
 
 bool DirectoryLock::try_lock(const std::filesystem::path& path) {

@@ -81,6 +81,29 @@ TEST(RunDirectory, AConfigOfTheUsersAtTheEffectiveConfigsPathIsKeptAside) {
   EXPECT_CONTAINS(testing::read_text(own), "max_steps: 3");
 }
 
+// run.lock removed while a run holds it (taken for a stale lock) let a second run into the
+// directory, and both wrote the same checkpoints. The run takes the lock again at its next step,
+// and a second run is refused as before.
+TEST(RunDirectory, ALockFileRemovedUnderARunIsTakenAgain) {
+  TemporaryDirectory dir;
+  const std::string endless = write_config(dir, 1000000) + " --set train.ckpt_every=2";
+  testing::BackgroundProcess first(mltrain(endless), dir / "first.txt");
+  wait_for_step(dir / "run" / "metrics.jsonl", 3);
+  const auto lock = dir / "run" / "run.lock";
+  std::filesystem::remove(lock);
+  for (int tries = 0; tries < 600 && !std::filesystem::exists(lock); ++tries) ::usleep(50'000);
+  ASSERT_TRUE(std::filesystem::exists(lock)) << "not taken again";
+
+  const CommandResult second = run_command(mltrain(endless + " --resume auto"));
+  EXPECT_EQ(second.exit_code, kExitUserError) << second.output;
+  EXPECT_CONTAINS(second.output, "run is in use by another training run (pid ");
+  first.signal(SIGTERM);
+  ASSERT_EQ(first.wait(), 0);
+  EXPECT_CONTAINS(testing::read_text(dir / "first.txt"),
+                  "was removed while this training run held it (taken for a stale lock?): taken "
+                  "again");
+}
+
 // The kernel drops the lock of a process that is killed: no stale lock stops the next run.
 TEST(RunDirectory, AKilledRunLeavesNoLockBehind) {
   TemporaryDirectory dir;

@@ -645,6 +645,7 @@ void TrainingRun::run() {
     unread_.push_back(train_step(*step_parts_, step));
     if (profiler_) profiler_->after_step(step);
     record_step(unread_.back());
+    if (run_dir_lock_) run_dir_lock_->keep_held();
     note_write_failure();
     const bool stopping = any_rank_asked_to_stop();
     if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
