@@ -184,6 +184,25 @@ TEST(MltrainCli, BaseConfigWithoutAGpuSaysHowToRunOnTheCpu) {
   EXPECT_FALSE(std::filesystem::exists(dir / "run"));
 }
 
+// Validation shards that training reads too are said (the loss would measure the fit to the
+// training data), and the run goes on; separate shards are not.
+TEST(MltrainCli, ValidationOnTrainingShardsIsSaid) {
+  testing::TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 2;
+  config.optim.warmup_steps = 1;
+  testing::write_text(dir / "run.yaml", config_to_yaml(config));
+  const std::string shared_text = "validation shards are training shards too";
+  const CommandResult separate = mltrain((dir / "run.yaml").string());
+  ASSERT_EQ(separate.exit_code, 0) << separate.output;
+  EXPECT_EQ(separate.output.find(shared_text), std::string::npos);
+  const CommandResult shared =
+      mltrain((dir / "run.yaml").string() + " --set 'data.val=" + (dir / "*.bin").string() +
+              "' --set train.run_dir=" + (dir / "shared").string());
+  ASSERT_EQ(shared.exit_code, 0) << shared.output;
+  EXPECT_CONTAINS(shared.output, "1 of the 2 " + shared_text);
+}
+
 TEST(MltrainCli, DumpConfigPrintsTheEffectiveConfig) {
   const CommandResult run = mltrain(kBase + " --dump-config --set model.n_layers=3");
   EXPECT_EQ(run.exit_code, 0) << run.output;

@@ -273,6 +273,32 @@ TEST(Resume, ARunResumedAtItsLastStepHasNothingToTrain) {
   EXPECT_EQ(testing::read_text(dir / "run" / "metrics.jsonl"), metrics) << "nothing was run";
 }
 
+// What --resume takes is a checkpoint directory: a file in one, or weights alone (an export), is
+// refused with what to give instead.
+TEST(Resume, AFileOrWeightsAloneAreRefusedWithWhatToGive) {
+  TemporaryDirectory dir;
+  Config config = trained_run(dir, 4);
+  config.train.max_steps = 6;
+  const auto checkpoint = dir / "run" / "checkpoints" / "step_00000004";
+  const auto refusal = [&](const std::filesystem::path& resume) {
+    try {
+      train(config, resume.string());
+    } catch (const UserError& error) {
+      return std::string(error.what());
+    }
+    return std::string("resumed");
+  };
+  EXPECT_CONTAINS(refusal(checkpoint / "model.safetensors"),
+                  "a file, not a checkpoint directory: give the directory that holds it");
+  std::filesystem::create_directories(dir / "export");
+  std::filesystem::copy_file(checkpoint / "model.safetensors",
+                             dir / "export" / "model.safetensors");
+  EXPECT_CONTAINS(
+      refusal(dir / "export"),
+      "not a checkpoint (no state.json): weights alone (a Hugging Face export?) start a "
+      "new run through model.init_from, not --resume");
+}
+
 TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {
   TemporaryDirectory dir;
   Config config = trained_run(dir, 4);
@@ -284,6 +310,7 @@ TEST(Resume, AnotherModelShapeIsRefusedWithEveryDifferingKey) {
   EXPECT_CONTAINS(message, "the checkpoint is of another model");
   EXPECT_CONTAINS(message, "model.d_model is 32 in the checkpoint, 64 in the config");
   EXPECT_CONTAINS(message, "model.d_ffn is 64 in the checkpoint, 128 in the config");
+  EXPECT_CONTAINS(message, "resume it with the model keys it was saved with");
   // Keys outside the model may change.
   Config longer = config;
   longer.train.max_steps = 6;

@@ -75,8 +75,10 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
     }
   }
   if (!model_changes.empty()) {
-    throw CheckpointMismatch(fmt::format("{}: the checkpoint is of another model: {}",
-                                         checkpoint.string(), fmt::join(model_changes, "; ")));
+    throw CheckpointMismatch(fmt::format(
+        "{}: the checkpoint is of another model: {}: resume it with the model keys it was saved "
+        "with (its config.yaml has them), or train this model in another train.run_dir",
+        checkpoint.string(), fmt::join(model_changes, "; ")));
   }
 }
 

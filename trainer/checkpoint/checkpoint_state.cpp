@@ -206,8 +206,14 @@ std::string checkpoint_state_json(const CheckpointState& state) {
 
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {
   const std::filesystem::path path = checkpoint / "state.json";
-  if (!std::filesystem::exists(path))
-    throw UserError(fmt::format("{}: not a checkpoint (no state.json)", checkpoint.string()));
+  if (!std::filesystem::exists(path)) {
+    const bool weights_only = std::filesystem::exists(checkpoint / "model.safetensors");
+    throw UserError(fmt::format(
+        "{}: not a checkpoint (no state.json){}", checkpoint.string(),
+        weights_only ? ": weights alone (a Hugging Face export?) start a new run through "
+                       "model.init_from, not --resume"
+                     : ""));
+  }
   Json json;
   try {
     json = Json::parse(read_text_file(path, "checkpoint state"));

@@ -199,7 +199,11 @@ std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resum
   }
   if (resume != "auto") {
     if (!std::filesystem::is_directory(resume)) {
-      throw UserError(fmt::format("--resume {}: no such checkpoint directory", resume));
+      throw UserError(
+          fmt::format("--resume {}: {}", resume,
+                      std::filesystem::exists(resume)
+                          ? "a file, not a checkpoint directory: give the directory that holds it"
+                          : "no such checkpoint directory"));
     }
     return load_checkpoint(resume, model, optimizer, config);
   }

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <set>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -96,6 +98,25 @@ void check_one_tokenizer(const Config& config) {
   }
 }
 
+// Validation on shards that training reads too measures the fit to the training data, not the
+// model: said, not refused (a smoke run may mean it).
+void warn_of_shared_shards(const std::string& train, const std::string& val,
+                           const std::string& what) {
+  std::set<std::filesystem::path> training;
+  for (const std::string& path : expand_glob(train))
+    training.insert(std::filesystem::weakly_canonical(path));
+  const std::vector<std::string> validation = expand_glob(val);
+  const auto shared = std::count_if(validation.begin(), validation.end(), [&](const auto& path) {
+    return training.contains(std::filesystem::weakly_canonical(path));
+  });
+  if (shared > 0) {
+    spdlog::warn(
+        "{}{} of the {} validation shards are training shards too ({} and {} share them): the "
+        "validation loss is measured on data the run trains on",
+        what, shared, validation.size(), train, val);
+  }
+}
+
 TokenWindows open_source_windows(const std::string& pattern, const Config& config,
                                  const std::string& split, const std::string& name) {
   try {
@@ -114,6 +135,7 @@ std::vector<RunSource> open_sources(const Config& config, bool train) {
     if (train) train_windows.emplace(open_windows(config.data.train, config, "train"));
     sources.push_back(
         {"", 1.0, std::move(train_windows), open_windows(config.data.val, config, "val")});
+    if (train) warn_of_shared_shards(config.data.train, config.data.val, "");
     return sources;
   }
   // A config made for one corpus (configs/smoke.yaml) keeps its data.train and data.val when
@@ -132,6 +154,8 @@ std::vector<RunSource> open_sources(const Config& config, bool train) {
     sources.push_back(
         {source.name, source.weight, std::move(train_windows),
          open_source_windows(source.val, config, fmt::format("{} val", source.name), source.name)});
+    if (train)
+      warn_of_shared_shards(source.train, source.val, "data.sources " + source.name + ": ");
   }
   return sources;
 }
