@@ -240,7 +240,8 @@ cuda_kernels_passed() {
 }
 
 # Four at a time: each test is a process of its own, whose start (the CUDA context, the libraries)
-# takes most of its time, and none measures time or the device's memory.
+# takes most of its time; none measures time, and the memory plan's test measures its own
+# process's allocations alone.
 gpu_tests() { ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 -j 4; }
 
 train_base() {
@@ -325,7 +326,10 @@ name = torch.cuda.get_device_name()
 # NVIDIA datasheets, dense bf16 (trainer/machine/device.cpp has the same table).
 print({"NVIDIA H100 80GB HBM3": 989.5e12, "NVIDIA H200": 989.5e12, "NVIDIA H100 PCIe": 756.5e12,
        "NVIDIA H100 NVL": 835.5e12, "NVIDIA H200 NVL": 835.5e12}.get(name, ""), name, sep="\t")')
-  [[ -d /dev/shm && -w /dev/shm ]] && export TMPDIR=/dev/shm
+  # Room for two runs' 13 GB checkpoints at once, or the disk.
+  local shm_free
+  shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)
+  [[ -w /dev/shm && ${shm_free:-0} -gt 40000000000 ]] && export TMPDIR=/dev/shm
   # An unknown GPU has no peak: then the column says "not measured".
   BENCH_MATMUL=0 BENCH_MATMUL_FLOPS="${peak%%$'\t'*}" \
     BENCH_MATMUL_SOURCE="the dense bf16 peak of the ${peak#*$'\t'} by NVIDIA's datasheet: the column is the MFU" \

@@ -97,7 +97,14 @@ void DirectoryLock::keep_held() {
   ::close(fd_);
   fd_ = -1;
   locked_ = false;
-  take();  // a UserError where another owner took the directory meanwhile
+  try {
+    take();
+  } catch (const UserError& taken) {
+    throw UserError(fmt::format(
+        "{} was removed while this {} held it, and another took {} meanwhile ({}): this one "
+        "stops, and what it saved is kept; let one {} at a time use the directory",
+        path.string(), names_.owner, directory_.string(), taken.what(), names_.owner));
+  }
   spdlog::warn("{} was removed while this {} held it (taken for a stale lock?): taken again",
                path.string(), names_.owner);
 }
@@ -116,6 +123,7 @@ bool DirectoryLock::try_lock(const std::filesystem::path& path) {
   struct stat opened {};
   if (::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
     ::close(fd_);
+    fd_ = -1;
     throw UserError(fmt::format("{}: not a regular file; remove it", path.string()));
   }
   struct flock lock {};
@@ -126,6 +134,7 @@ bool DirectoryLock::try_lock(const std::filesystem::path& path) {
     if (reason == EAGAIN || reason == EACCES) {
       const std::string holder = read_holder(fd_);
       ::close(fd_);
+      fd_ = -1;
       throw UserError(fmt::format(
           "{} {} is in use by another {} ({}): wait for it to end, or give this one another {} "
           "(nothing was changed)",
@@ -139,6 +148,7 @@ bool DirectoryLock::try_lock(const std::filesystem::path& path) {
   if (::stat(path.c_str(), &there) != 0 || there.st_ino != opened.st_ino ||
       there.st_dev != opened.st_dev) {
     ::close(fd_);
+    fd_ = -1;
     return false;
   }
   locked_ = true;

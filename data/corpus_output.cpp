@@ -25,28 +25,46 @@ namespace {
 // Staging directories are named for the process; one left by a killed run is removed by the next,
 // which holds the lock.
 constexpr std::string_view kStagingPrefix = ".mlprep-staging-";
-// Present while a corpus is moved into place: its staging directory's name, then one line per
-// file of the new corpus.
+// Present while a corpus is moved into place: its staging directory's name, "moving" or, once
+// every file is in place, "moved", then one line per file of the new corpus.
 constexpr std::string_view kPublishingMarker = ".mlprep-publishing";
+constexpr std::string_view kMoving = "moving";
+constexpr std::string_view kMoved = "moved";
+
+void write_marker(const std::filesystem::path& directory, const std::string& staging,
+                  std::string_view state, const std::set<std::string>& corpus) {
+  std::string text = staging + "\n" + std::string(state) + "\n";
+  for (const std::string& name : corpus) text += name + "\n";
+  write_file_atomically(directory / kPublishingMarker, text);
+}
 
 UserError cannot(const char* what, const std::filesystem::path& path,
                  const std::error_code& error) {
   return UserError(fmt::format("--out {}: cannot {}: {}", path.string(), what, error.message()));
 }
 
-// Moves what is still staged into `directory`, removes the earlier corpus's files that are not
-// the new one's, the staging directory and then the marker: from the marker's writing to its
-// removal, this is what a killed publish leaves for the next run to finish.
-// (`after_each_move`: the tests' seam for a kill between two moves.)
-void finish_publishing(const std::filesystem::path& directory, const std::filesystem::path& staging,
-                       const std::set<std::string>& corpus,
+// Moves what is still staged into `directory` (unless the marker says every file was), then
+// removes the earlier corpus's files that are not the new one's, the staging directory and the
+// marker: from the marker's writing to its removal, this is what a killed publish leaves for the
+// next run to finish. (`after_each_move`: the tests' seam for a kill between two moves.)
+void finish_publishing(const std::filesystem::path& directory, const std::string& staging_name,
+                       std::string_view state, const std::set<std::string>& corpus,
                        const std::function<void()>& after_each_move = {}) {
-  std::error_code error;
-  if (std::filesystem::exists(staging, error)) {
+  const std::filesystem::path staging = directory / staging_name;
+  if (state == kMoving) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(staging, error)) {
+      throw UserError(fmt::format(
+          "--out {}: the replacement of its corpus cannot be finished: the new files not moved yet "
+          "were in {}, which is gone; prepare the corpus again (remove {}, then mlprep "
+          "--overwrite)",
+          directory.string(), staging.string(), (directory / kPublishingMarker).string()));
+    }
     for (const auto& entry : std::filesystem::directory_iterator(staging)) {
       std::filesystem::rename(entry.path(), directory / entry.path().filename());  // at once
       if (after_each_move) after_each_move();
     }
+    write_marker(directory, staging_name, kMoved, corpus);
   }
   for (const auto& entry : std::filesystem::directory_iterator(directory)) {
     const std::string name = entry.path().filename().string();
@@ -67,7 +85,8 @@ void refuse_half_replaced_corpus(const std::filesystem::path& directory) {
           std::filesystem::symlink_status(directory / kPublishingMarker, error)))
     throw UserError(fmt::format(
         "{}: an mlprep --overwrite was killed while it replaced the corpus here, which is half "
-        "old and half new: run mlprep with --out {} again, which finishes the replacement first",
+        "old and half new: run mlprep with --out {} again (it finishes the replacement first, "
+        "and says so, before it prepares anything)",
         directory.string(), directory.string()));
 }
 
@@ -120,15 +139,18 @@ void CorpusOutput::finish_killed_publish() {
   if (!std::filesystem::exists(std::filesystem::symlink_status(marker, error))) return;
   std::istringstream lines(read_text_file(marker, "mlprep's publishing marker"));
   std::string staging;
+  std::string state;
   std::getline(lines, staging);
+  std::getline(lines, state);
   std::set<std::string> corpus;
   for (std::string name; std::getline(lines, name);) corpus.insert(name);
+  // A marker that names no file would have every earlier file removed: only mlprep's own is read.
   const bool ours = staging.starts_with(kStagingPrefix) && staging.find('/') == std::string::npos &&
+                    (state == kMoving || state == kMoved) && !corpus.empty() &&
                     std::all_of(corpus.begin(), corpus.end(), is_mlprep_file_name);
   if (!ours) {
     throw UserError(
-        fmt::format("{}: not the marker mlprep writes while it publishes a corpus; "
-                    "move it away",
+        fmt::format("{}: not the marker mlprep writes while it publishes a corpus; move it away",
                     marker.string()));
   }
   spdlog::warn(
@@ -136,7 +158,7 @@ void CorpusOutput::finish_killed_publish() {
       "files)",
       directory_.string(), corpus.size());
   try {
-    finish_publishing(directory_, directory_ / staging, corpus);
+    finish_publishing(directory_, staging, state, corpus);
   } catch (const std::filesystem::filesystem_error& failure) {
     throw UserError(fmt::format("--out {}: finishing the replacement of the corpus failed ({})",
                                 directory_.string(), failure.what()));
@@ -159,12 +181,11 @@ void CorpusOutput::publish(const std::function<void()>& after_each_move) {
   }
   // From the marker on, the moves are finished by this run or, killed, by the next one; until then
   // the marker keeps mltrain from reading the half-replaced corpus.
-  std::string marker = write_directory_.filename().string() + "\n";
-  for (const std::string& name : staged) marker += name + "\n";
-  write_file_atomically(directory_ / kPublishingMarker, marker);
+  write_marker(directory_, write_directory_.filename().string(), kMoving, staged);
   publishing_ = true;
   try {
-    finish_publishing(directory_, write_directory_, staged, after_each_move);
+    finish_publishing(directory_, write_directory_.filename().string(), kMoving, staged,
+                      after_each_move);
   } catch (const std::filesystem::filesystem_error& error) {
     throw UserError(fmt::format(
         "--out {}: replacing the earlier corpus failed ({}); the new files not moved yet are in {}",

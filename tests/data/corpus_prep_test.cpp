@@ -324,6 +324,29 @@ TEST(CorpusPrep, AnOverwriteKilledWhileMovingIsFinishedByTheNextRun) {
   EXPECT_NO_THROW(TokenWindows((dir / "out" / "train_*.bin").string(), 64, 1200));
 }
 
+// A marker the next run cannot finish from, one that lists no file (which would have every
+// earlier file removed) or one whose staged files are gone, stops it before it removes anything.
+TEST(CorpusPrep, AMarkerThatCannotBeFinishedRemovesNothing) {
+  TemporaryDirectory dir;
+  prepare_corpus(fortune_options(dir / "out", 2));
+  const auto earlier = shard_bytes(dir / "out");
+  const auto marker = dir / "out" / ".mlprep-publishing";
+  const auto refusal = [&](const std::string& text) {
+    testing::write_text(marker, text);
+    try {
+      const CorpusOutput output(dir / "out", /*overwrite=*/true);
+    } catch (const UserError& error) {
+      return std::string(error.what());
+    }
+    return std::string("finished");
+  };
+  EXPECT_CONTAINS(refusal(".mlprep-staging-999\nmoving\n"), "not the marker mlprep writes");
+  EXPECT_CONTAINS(refusal(".mlprep-staging-999\nmoving\ntrain_000000.bin\n"),
+                  "cannot be finished: the new files not moved yet were in");
+  EXPECT_EQ(shard_bytes(dir / "out"), earlier);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
 // A directory where the new corpus puts a file stops the overwrite before anything moves.
 TEST(CorpusPrep, ADirectoryInTheWayStopsTheOverwriteBeforeAnythingMoves) {
   TemporaryDirectory dir;

@@ -151,8 +151,6 @@ std::optional<std::filesystem::path> CheckpointStore::latest() const {
     // complete (only a complete one has its final name), and the newest stands in for the marker.
     const std::vector<int64_t> steps = saved_steps();
     if (steps.empty()) return std::nullopt;
-    spdlog::warn("{} is missing: taking the newest checkpoint, {}", marker.string(),
-                 checkpoint_name(steps.front()));
     return path_of(steps.front());
   }
   // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
@@ -211,6 +209,11 @@ std::optional<TrainingProgress> CheckpointStore::resume(const std::string& resum
   if (!newest) {
     spdlog::info("--resume auto: no checkpoint in the run directory yet; starting fresh");
     return std::nullopt;
+  }
+  std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(directory_ / "latest", error))) {
+    spdlog::warn("{} is missing: resuming from the newest checkpoint, {}",
+                 (directory_ / "latest").string(), newest->filename().string());
   }
   try {
     return load_checkpoint(*newest, model, optimizer, config);

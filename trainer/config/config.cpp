@@ -322,7 +322,9 @@ void read_file(Config& config, const std::filesystem::path& file) {
   const std::string text = read_text_file(file, "config file");
   YAML::Node root;
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    // An empty document (a stray --- at the end) says nothing.
+    std::erase_if(documents, [](const YAML::Node& document) { return document.IsNull(); });
     // A second document (after ---) would be read by nobody: refused, not dropped unread.
     if (documents.size() > 1) {
       throw UserError(fmt::format(

@@ -46,11 +46,12 @@
 namespace mltrain {
 namespace {
 
-// The first line of the effective config that a run writes to RUN_DIR/config.yaml: a file there
-// without it is not one mltrain wrote.
+// The first line of the effective config that a run writes to RUN_DIR/config.yaml; a file there
+// that does not begin with its first words is not one mltrain wrote.
 constexpr std::string_view kEffectiveConfigHeader =
     "# The effective config of this run, which mltrain writes here at each start: keep a config "
     "of your own elsewhere\n";
+constexpr std::string_view kEffectiveConfigMark = "# The effective config of this run";
 
 // What holds RUN_DIR/config.yaml and is not a config mltrain wrote there (a user's own config kept
 // in the run directory, a directory) is moved aside, not written over. Effective configs of runs
@@ -60,7 +61,7 @@ void make_way_for_effective_config(const std::filesystem::path& path) {
   const auto status = std::filesystem::symlink_status(path, error);
   if (!std::filesystem::exists(status)) return;
   if (std::filesystem::is_regular_file(status) &&
-      read_text_file(path, "the run's config").starts_with(kEffectiveConfigHeader))
+      read_text_file(path, "the run's config").starts_with(kEffectiveConfigMark))
     return;
   const std::filesystem::path aside = move_aside(path);
   spdlog::warn(
@@ -189,7 +190,7 @@ class TrainingRun {
   std::optional<StepValues> read_steps();
   bool count_skipped_step(int64_t step, const StepValues& values);
   void roll_back(int64_t step, const std::string& bad_steps);
-  void fail_if_nothing_applied() const;
+  void fail_if_nothing_applied_since_rollback();
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::optional<std::filesystem::path> save_checkpoint();
@@ -243,7 +244,6 @@ class TrainingRun {
   std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
   std::string write_failure_;           // rank 0's failed background write, until every rank knows
   bool applied_since_rollback_ = true;  // a step was applied since the last rollback, if any
-  int64_t applied_steps_ = 0;           // steps of this run whose update was applied
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -666,11 +666,13 @@ void TrainingRun::run() {
                    step, path.value_or("").string());
       return;
     }
-    if (schedule_->checkpoint_now(step)) save_checkpoint();
+    if (schedule_->checkpoint_now(step)) {
+      if (step == schedule_->last_step()) fail_if_nothing_applied_since_rollback();
+      save_checkpoint();
+    }
   }
   settle_stop_vote();
   settle_checkpoint_writes();
-  fail_if_nothing_applied();
   if (schedule_->stops_early()) {
     spdlog::info("stopped at train.stop_at = {}; continue with --resume auto",
                  schedule_->last_step());
@@ -726,7 +728,6 @@ std::optional<StepValues> TrainingRun::read_steps() {
     } else {
       bad_steps_in_a_row_ = 0;
       applied_since_rollback_ = true;
-      ++applied_steps_;
     }
   }
   return last;
@@ -821,22 +822,17 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
                      {"samples_left_out", samples_left_out}});
 }
 
-// A run that reached its last step without applying an update, none at all or none since its
-// rollback, has checkpoints that hold the weights it started from: a failure (exit 1), which a few
-// skipped steps before the end (fewer than train.max_bad_steps) are not.
-void TrainingRun::fail_if_nothing_applied() const {
-  if (applied_steps_ == 0) {
-    throw std::runtime_error(
-        "every step of this run was skipped (a non-finite loss or gradient, or a loss spike): no "
-        "update was applied, and its checkpoints hold the weights it started from; see the "
-        "warnings above");
-  }
-  if (rolled_back_to_ && !applied_since_rollback_) {
-    throw std::runtime_error(fmt::format(
-        "no step was applied since the rollback to {}: the checkpoints saved since hold its "
-        "weights; the settings are bad, not a few samples",
-        rolled_back_to_->filename().string()));
-  }
+// A run that reaches its last step with no update applied since its rollback has checkpoints that
+// hold the weights it rolled back to: a failure (exit 1), like bad steps that come back before
+// the next rollback. Checked before the last step's checkpoint, which would make a second
+// --resume auto find nothing to train and exit 0.
+void TrainingRun::fail_if_nothing_applied_since_rollback() {
+  if (!rolled_back_to_ || applied_since_rollback_) return;
+  settle_checkpoint_writes();
+  throw std::runtime_error(fmt::format(
+      "no step was applied since the rollback to {}: stopping; the settings are bad, not a few "
+      "samples, and the last good checkpoint is {}",
+      rolled_back_to_->filename().string(), rolled_back_to_->string()));
 }
 
 void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
