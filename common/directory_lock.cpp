@@ -99,11 +99,11 @@ void DirectoryLock::keep_held() {
   locked_ = false;
   try {
     take();
-  } catch (const UserError& taken) {
+  } catch (const UserError& failure) {
     throw UserError(fmt::format(
-        "{} was removed while this {} held it, and another took {} meanwhile ({}): this one "
-        "stops, and what it saved is kept; let one {} at a time use the directory",
-        path.string(), names_.owner, directory_.string(), taken.what(), names_.owner));
+        "{} was removed or replaced while this {} held it, and cannot be taken again ({}): this "
+        "one stops, and what it saved is kept; let one {} at a time use the directory",
+        path.string(), names_.owner, failure.what(), names_.owner));
   }
   spdlog::warn("{} was removed while this {} held it (taken for a stale lock?): taken again",
                path.string(), names_.owner);

@@ -36,8 +36,9 @@ class DirectoryLock {
   const std::string& lock_file() const { return names_.lock_file; }
 
   // A lock file removed while held (by hand, taken for a stale one) keeps no other owner out: where
-  // the directory's lock file is no longer the one held, the lock is taken again, with a warning,
-  // and an owner that took the directory meanwhile is a UserError naming it. A stat: cheap enough
+  // the directory's lock file is no longer the one held, the lock is taken again, with a warning;
+  // where it cannot be (an owner took the directory meanwhile, something else is in its place), a
+  // UserError says why. A stat: cheap enough
   // for every training step.
   void keep_held();
 

@@ -38,8 +38,9 @@ void remove_tree(const std::filesystem::path& path) {
   if (error) throw std::filesystem::filesystem_error("cannot remove", path, error);
 }
 
-std::filesystem::path move_aside(const std::filesystem::path& path) {
+std::optional<std::filesystem::path> move_aside(const std::filesystem::path& path) {
   std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return std::nullopt;
   for (int n = 1;; ++n) {
     std::filesystem::path aside = path;
     aside += ".replaced-" + std::to_string(n);

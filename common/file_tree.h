@@ -1,6 +1,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 namespace mltrain {
@@ -16,7 +17,9 @@ void remove_tree(const std::filesystem::path& path);  // throws std::filesystem:
 void remove_tree(const std::filesystem::path& path, std::error_code& error) noexcept;
 
 // Renames what is at `path` (a file, a directory, a link) to the first free PATH.replaced-N and
-// returns that name, for a writer that must not delete what holds the name it writes to.
-std::filesystem::path move_aside(const std::filesystem::path& path);  // throws filesystem_error
+// returns that name, for a writer that must not delete what holds the name it writes to; none
+// where nothing is there.
+std::optional<std::filesystem::path> move_aside(
+    const std::filesystem::path& path);  // throws filesystem_error
 
 }  // namespace mltrain

@@ -127,7 +127,7 @@ TEST(Config, AnEmptyValueOfAStringKeyIsTheEmptyString) {
 // A second YAML document (after ---) would go unread: the file is refused, with the count.
 TEST(Config, AFileOfSeveralYamlDocumentsIsRefused) {
   EXPECT_CONTAINS(config_error("model:\n  d_model: 32\n---\nmodel:\n  d_model: 64\n"),
-                  "holds 2 YAML documents (separated by ---): a config is one");
+                  "holds 2 YAML documents (separated by --- or ...): a config is one");
   EXPECT_EQ(config_error("---\nmodel:\n  d_model: 32\n"), "") << "one document, marked";
   EXPECT_EQ(config_error("model:\n  d_model: 32\n---\n"), "") << "a stray --- at the end";
 }

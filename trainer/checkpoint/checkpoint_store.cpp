@@ -36,17 +36,13 @@ bool same_checkpoint(const std::filesystem::path& written, const std::filesystem
 // checkpoint; something a user put there) is moved to the first free PATH.replaced-N, a name that
 // nothing resumes from or prunes, so that a save deletes nothing but a copy of itself.
 void make_way(const std::filesystem::path& written, const std::filesystem::path& path) {
-  std::error_code error;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return;
   if (same_checkpoint(written, path)) {
     remove_tree(path);
-    return;
+  } else if (const auto aside = move_aside(path)) {
+    spdlog::warn(
+        "{} was already there (another branch of this run, or something put there): kept as {}",
+        path.string(), aside->filename().string());
   }
-  const std::filesystem::path aside = move_aside(path);
-  spdlog::warn(
-      "{} was already there (another branch of this run, or something put there): kept "
-      "as {}",
-      path.string(), aside.filename().string());
 }
 
 }  // namespace

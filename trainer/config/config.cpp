@@ -327,10 +327,11 @@ void read_file(Config& config, const std::filesystem::path& file) {
     std::erase_if(documents, [](const YAML::Node& document) { return document.IsNull(); });
     // A second document (after ---) would be read by nobody: refused, not dropped unread.
     if (documents.size() > 1) {
-      throw UserError(fmt::format(
-          "{}: holds {} YAML documents (separated by ---): a config is one; put its sections in "
-          "one, or the others in files of their own",
-          file.string(), documents.size()));
+      throw UserError(
+          fmt::format("{}: holds {} YAML documents (separated by --- or ...): a config is one; put "
+                      "its sections in "
+                      "one, or the others in files of their own",
+                      file.string(), documents.size()));
     }
     if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& error) {

@@ -58,16 +58,15 @@ constexpr std::string_view kEffectiveConfigMark = "# The effective config of thi
 // before the header are moved aside once.
 void make_way_for_effective_config(const std::filesystem::path& path) {
   std::error_code error;
-  const auto status = std::filesystem::symlink_status(path, error);
-  if (!std::filesystem::exists(status)) return;
-  if (std::filesystem::is_regular_file(status) &&
+  if (std::filesystem::is_regular_file(std::filesystem::symlink_status(path, error)) &&
       read_text_file(path, "the run's config").starts_with(kEffectiveConfigMark))
     return;
-  const std::filesystem::path aside = move_aside(path);
-  spdlog::warn(
-      "{} is not a config mltrain wrote (one of yours?): kept as {}, and the run's "
-      "effective config is written in its place",
-      path.string(), aside.filename().string());
+  if (const auto aside = move_aside(path)) {
+    spdlog::warn(
+        "{} is not a config mltrain wrote (one of yours?): kept as {}, and the run's effective "
+        "config is written in its place",
+        path.string(), aside->filename().string());
+  }
 }
 
 std::string duration_text(double seconds) {
