@@ -43,6 +43,25 @@ std::string read_holder(int fd) {
   return line.empty() ? "which has not written who it is yet" : line;
 }
 
+// A file's type, in words for a message that says it is in the way.
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a named pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// The error for something other than a regular file (of type `mode`) at the lock file's `path`:
+// it is what stops the owner, not the directory.
+UserError not_a_lock_file(const DirectoryLock::Names& names, const std::filesystem::path& directory,
+                          const std::filesystem::path& path, mode_t mode) {
+  return UserError(fmt::format(
+      "{} {}: {} is {}, where the {} keeps its lock file: move it away (nothing was changed)",
+      names.setting, directory.string(), path.string(), kind_of(mode), names.owner));
+}
+
 bool holds_only(const std::filesystem::path& directory, const std::string& name) {
   std::error_code error;
   std::vector<std::filesystem::path> entries;
@@ -61,7 +80,8 @@ DirectoryLock::DirectoryLock(const std::filesystem::path& directory, Names names
   if (std::filesystem::exists(directory_, error) &&
       !std::filesystem::is_directory(directory_, error)) {
     throw UserError(
-        fmt::format("{} {} is a file, not a directory", names_.setting, directory_.string()));
+        fmt::format("{} {} is a file, not a directory: give a directory, or move it away",
+                    names_.setting, directory_.string()));
   }
   made_directory_ = std::filesystem::create_directories(directory_, error);
   if (error) {
@@ -114,17 +134,19 @@ bool DirectoryLock::try_lock(const std::filesystem::path& path) {
   fd_ =
       ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
   if (fd_ < 0) {
-    throw UserError(fmt::format(
-        "{} {}: cannot write there ({}); give one the {} may write", names_.setting,
-        directory_.string(),
-        errno == ELOOP ? names_.lock_file + " is a symbolic link" : std::strerror(errno),
-        names_.owner));
+    const int reason = errno;
+    struct stat there {};
+    if (::lstat(path.c_str(), &there) == 0 && !S_ISREG(there.st_mode))
+      throw not_a_lock_file(names_, directory_, path, there.st_mode);
+    throw UserError(fmt::format("{} {}: cannot write there ({}); give one the {} may write",
+                                names_.setting, directory_.string(), std::strerror(reason),
+                                names_.owner));
   }
   struct stat opened {};
   if (::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
     ::close(fd_);
     fd_ = -1;
-    throw UserError(fmt::format("{}: not a regular file; remove it", path.string()));
+    throw not_a_lock_file(names_, directory_, path, opened.st_mode);
   }
   struct flock lock {};
   lock.l_type = F_WRLCK;

@@ -38,12 +38,13 @@ void remove_tree(const std::filesystem::path& path) {
   if (error) throw std::filesystem::filesystem_error("cannot remove", path, error);
 }
 
-std::optional<std::filesystem::path> move_aside(const std::filesystem::path& path) {
+std::optional<std::filesystem::path> move_aside(const std::filesystem::path& path,
+                                                const std::string& label) {
   std::error_code error;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return std::nullopt;
   for (int n = 1;; ++n) {
     std::filesystem::path aside = path;
-    aside += ".replaced-" + std::to_string(n);
+    aside += "." + label + "-" + std::to_string(n);
     if (std::filesystem::exists(std::filesystem::symlink_status(aside, error))) continue;
     std::filesystem::rename(path, aside);
     return aside;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <system_error>
 
 namespace mltrain {
@@ -16,10 +17,11 @@ namespace mltrain {
 void remove_tree(const std::filesystem::path& path);  // throws std::filesystem::filesystem_error
 void remove_tree(const std::filesystem::path& path, std::error_code& error) noexcept;
 
-// Renames what is at `path` (a file, a directory, a link) to the first free PATH.replaced-N and
-// returns that name, for a writer that must not delete what holds the name it writes to; none
-// where nothing is there.
+// Renames what is at `path` (a file, a directory, a link) to the first free PATH.LABEL-N
+// (PATH.replaced-1, ...) and returns that name, for a writer that must not delete what holds the
+// name it writes to, or what must no longer be found under its name; none where nothing is there.
 std::optional<std::filesystem::path> move_aside(
-    const std::filesystem::path& path);  // throws filesystem_error
+    const std::filesystem::path& path,
+    const std::string& label = "replaced");  // throws filesystem_error
 
 }  // namespace mltrain

@@ -1,5 +1,7 @@
 #include "data/hf_tokenizer.h"
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/json_text.h"
+#include "common/utf8_text.h"
 #include "data/tokenizer.h"
 
 namespace mltrain {
@@ -116,8 +120,11 @@ void write_hf_tokenizer(const std::filesystem::path& sentencepiece_model,
   const Tokenizer tokenizer(sentencepiece_model);
   const std::vector<Tokenizer::Piece> pieces = tokenizer.pieces();
   std::string unknown;
-  for (const Tokenizer::Piece& piece : pieces) {
-    if (piece.kind == Tokenizer::PieceKind::unknown) unknown = piece.text;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    // tokenizer.json holds each piece as JSON text: a model whose piece is other bytes (which
+    // SentencePiece's format allows) cannot be written there as it is.
+    require_utf8(pieces[id].text, fmt::format("{}: piece {}", sentencepiece_model.string(), id));
+    if (pieces[id].kind == Tokenizer::PieceKind::unknown) unknown = pieces[id].text;
   }
   Json special_tokens = Json::object();
   // A document starts where the one before ended, as the corpus is trained on (hf_export.cpp).
@@ -140,9 +147,10 @@ void write_hf_tokenizer(const std::filesystem::path& sentencepiece_model,
   config.update(special_tokens);
 
   std::filesystem::create_directories(directory);
-  write_file_atomically(directory / "tokenizer.json", tokenizer_json(pieces, unknown).dump(1));
-  write_file_atomically(directory / "tokenizer_config.json", config.dump(2) + "\n");
-  write_file_atomically(directory / "special_tokens_map.json", special_tokens.dump(2) + "\n");
+  write_file_atomically(directory / "tokenizer.json",
+                        json_text(tokenizer_json(pieces, unknown), 1));
+  write_file_atomically(directory / "tokenizer_config.json", json_text(config, 2) + "\n");
+  write_file_atomically(directory / "special_tokens_map.json", json_text(special_tokens, 2) + "\n");
   // Written, not copied, so that it is flushed to disk before the export directory is published.
   write_file_atomically(directory / "tokenizer.model", tokenizer.serialized());
 }

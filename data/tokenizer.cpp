@@ -17,6 +17,9 @@
 namespace mltrain {
 namespace {
 
+// The most threads SentencePiece's trainer takes (its VerifySpec).
+constexpr int kMostTrainingThreads = 128;
+
 // SentencePiece models are a few MB even for vocabularies of a million pieces.
 constexpr uint64_t kMaxModelBytes = uint64_t{1} << 30;
 
@@ -178,7 +181,17 @@ namespace {
 // 2204. ...", where the second count includes the byte and special pieces).
 std::string training_failure(const std::string& reason, int64_t vocab_size, double coverage) {
   static const std::regex too_small(R"(smaller than required_chars\. \d+ vs (\d+))");
+  // "Vocabulary size too high (100000). Please set it to a value <= 654.": the sample ran out of
+  // pieces to merge first.
+  static const std::regex too_large(
+      R"(Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+))");
   std::smatch needed;
+  if (std::regex_search(reason, needed, too_large)) {
+    return fmt::format(
+        "--vocab-size {} is too large for this corpus: its sample makes at most {} tokens: give "
+        "--vocab-size {} or less, or more text (--tokenizer-sample-mb, more inputs)",
+        vocab_size, needed[1].str(), needed[1].str());
+  }
   if (!std::regex_search(reason, needed, too_small))
     return fmt::format("training a {}-token tokenizer failed: {}", vocab_size, reason);
   return fmt::format(
@@ -206,7 +219,8 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
       {"max_sentence_length", std::to_string(kMaxLineBytes)},
       {"input_sentence_size", "4000000"},
       {"shuffle_input_sentence", "true"},
-      {"num_threads", std::to_string(threads)},
+      // SentencePiece refuses more than 128 threads, and a machine can have more cores than that.
+      {"num_threads", std::to_string(std::min(threads, kMostTrainingThreads))},
       {"unk_id", "0"},
       {"bos_id", "1"},
       {"eos_id", "2"},

@@ -45,9 +45,16 @@ class Tokenizer {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
 };
 
+// The largest vocabulary a tokenizer can be trained for: SentencePiece keeps vocab_size as an
+// int32 (its TrainerSpec), below the uint32 token ids a shard holds. A sample runs out of pieces
+// long before; a size it cannot fill is said by train_tokenizer, once trained, with the most it
+// can.
+inline constexpr int64_t kMostVocabularySize = 0x7FFF'FFFF;
+
 // Trains a byte-level BPE SentencePiece model on the documents and writes it atomically to
 // `model`. Byte fallback makes every input encodable; no normalisation and no dummy prefix make
-// decode(encode(text)) == text; the character coverage suits Chinese as well as English.
+// decode(encode(text)) == text; the character coverage suits Chinese as well as English. A
+// vocabulary too small or too large for the documents is a UserError in mlprep's terms.
 void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
                      const std::filesystem::path& model);
 

@@ -28,6 +28,10 @@ struct FlightEntry {
 // How messages name an entry: "#57, the all-reduce of 1 Float values (step 3)".
 std::string describe(const FlightEntry& entry);
 
+// How messages name several ranks: "rank 1", or "ranks 1, 3 and 4", naming at most 8 and then
+// how many more. `ranks` is not empty.
+std::string rank_list(const std::vector<int>& ranks);
+
 // What one rank wrote of its last collectives when a collective failed: RUN_DIR/flight/rank_K.json.
 struct FlightRecord {
   int rank = 0;
@@ -42,13 +46,15 @@ struct FlightRecord {
 };
 
 std::string flight_record_json(const FlightRecord& record);
-// Throws UserError naming `source` where `text` is not a flight record.
+// Throws UserError naming `source` where `text` is not a flight record: where a field is missing
+// or out of its range (the world at most kMostRanks, the rank within it, numbers and sizes not
+// negative), the collectives are out of order, or the failure is at one it had not issued.
 FlightRecord parse_flight_record(const std::string& text, const std::string& source);
 
 // The first failing rank's request for every rank's record: RUN_DIR/flight/dump_requested.
 struct FlightRequest {
   int rank = 0;
-  int64_t seq = 0;  // the collective it failed at
+  int64_t seq = 0;  // the collective it failed at; 0: it failed before its first
 };
 
 std::filesystem::path flight_request_path(const std::filesystem::path& directory);
@@ -59,7 +65,8 @@ std::optional<FlightRequest> read_flight_request(const std::filesystem::path& di
 // Where rank `rank` writes its record in a flight directory.
 std::filesystem::path flight_record_path(const std::filesystem::path& directory, int rank);
 
-// The records in `directory`, by rank. A file that is not a record is a UserError naming it.
+// The records in `directory`, by rank. A file that is not a record is a UserError naming it, and
+// so are two records of different numbers of ranks (two runs'), naming both.
 std::map<int, FlightRecord> read_flight_records(const std::filesystem::path& directory);
 
 // The ranks among `world_size` that had not reached collective `seq`: those that wrote no record,
@@ -76,7 +83,9 @@ std::string describe_ranks_behind(const std::map<int, FlightRecord>& records, in
 // The picture that `mltrain --flight-report RUN_DIR` prints from RUN_DIR/flight (or from
 // `run_dir` itself when it is a flight directory, such as RUN_DIR/flight.previous): the
 // collective the run stopped at (the first failure's), where each rank was, and which ranks were
-// behind. A directory without records is a UserError saying when they are written.
+// behind. A directory without records is a UserError saying when they are written, and so is a
+// request that is not of the run whose records lie beside it (of a rank outside it, or of a
+// failure other than the one its rank's record gives).
 std::string flight_report(const std::filesystem::path& run_dir);
 
 }  // namespace mltrain

@@ -41,9 +41,21 @@ class GlooCommunicator : public Communicator {
     auto options = c10d::ProcessGroupGloo::Options::create(
         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("mltrain/gloo", std::move(store)), world.rank,
-        world.size, options);
+    // Every rank has met at the store (rendezvous_store.h): what fails here is a connection
+    // between two of them, and c10d's line ("wait timeout ... keys: /mltrain/gloo/0/1") says
+    // only which key it waited for.
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("mltrain/gloo", std::move(store)), world.rank,
+          world.size, options);
+    } catch (const std::exception& error) {
+      const std::string what = error.what();
+      throw std::runtime_error(fmt::format(
+          "rank {} of {}: Gloo could not connect the ranks within dist.timeout_s = {} s, though "
+          "all {} had checked in at the rendezvous (a rank failed or left since, and its own "
+          "error says why; or its address is not reachable from this one): {}",
+          world.rank, world.size, timeout_s, world.size, what.substr(0, what.find('\n'))));
+    }
   }
 
   int rank() const override { return world_.rank; }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 
@@ -14,6 +16,13 @@ namespace {
 constexpr int kDefaultPort = 29500;  // torchrun's
 constexpr int kMostPort = 65535;
 
+// Whether `text` can name a host: not empty, no spaces, no control characters.
+bool is_host(const std::string& text) {
+  return !text.empty() && std::none_of(text.begin(), text.end(), [](unsigned char c) {
+    return std::isspace(c) != 0 || std::iscntrl(c) != 0;
+  });
+}
+
 // Reads the launcher's variables, each failure a UserError that names the variable and who sets
 // it.
 class LauncherVariables {
@@ -25,9 +34,9 @@ class LauncherVariables {
     const auto value = environment_(name);
     if (!value || value->empty())
       throw UserError(
-          fmt::format("{} is not set: {} sets it for every rank, and a run started "
+          fmt::format("{} is {}: {} sets it for every rank, and a run started "
                       "without it cannot tell which rank it is or where the ranks meet",
-                      name, launcher_));
+                      name, value ? "set but empty" : "not set", launcher_));
     return *value;
   }
 
@@ -39,6 +48,16 @@ class LauncherVariables {
       throw UserError(fmt::format("{}={}: must be an integer from {} to {} ({} sets it)", name,
                                   value, min, max, launcher_));
     return number;
+  }
+
+  // A host name or address: a blank one would be looked up for the whole rendezvous timeout
+  // before the run said anything.
+  std::string host(const std::string& name) const {
+    const std::string value = text(name);
+    if (!is_host(value))
+      throw UserError(fmt::format("{}=\"{}\": not a host name or address ({} sets it)", name, value,
+                                  launcher_));
+    return value;
   }
 
   std::optional<std::string> optional(const std::string& name) const { return environment_(name); }
@@ -74,7 +93,7 @@ LaunchEnvironment torchrun(const EnvironmentReader& environment) {
   launch.local_size = variables.optional("LOCAL_WORLD_SIZE")
                           ? variables.integer("LOCAL_WORLD_SIZE", 1, kMostRanks)
                           : launch.local_rank + 1;
-  launch.rendezvous_host = variables.text("MASTER_ADDR");
+  launch.rendezvous_host = variables.host("MASTER_ADDR");
   launch.rendezvous_port = variables.integer("MASTER_PORT", 1, kMostPort);
   check_ranks(launch, "RANK", "WORLD_SIZE");
   return launch;
@@ -98,8 +117,22 @@ LaunchEnvironment slurm(const EnvironmentReader& environment) {
   launch.local_rank = variables.integer("SLURM_LOCALID", 0, kMostRanks);
   const auto per_node = variables.optional("SLURM_STEP_TASKS_PER_NODE");
   launch.local_size = std::max(per_node ? first_count(*per_node) : 1, launch.local_rank + 1);
-  const auto master = variables.optional("MASTER_ADDR");
-  launch.rendezvous_host = master ? *master : first_slurm_host(variables.text("SLURM_NODELIST"));
+  // MASTER_ADDR, where set, is checked as torchrun's is: set empty, it is a slip (a script's
+  // variable that was never filled in), not a wish for the first node.
+  if (const auto master = variables.optional("MASTER_ADDR")) {
+    if (!is_host(*master))
+      throw UserError(fmt::format(
+          "MASTER_ADDR=\"{}\": not a host name or address; give rank 0's host, or unset it for "
+          "the ranks to meet at the first node of SLURM_NODELIST",
+          *master));
+    launch.rendezvous_host = *master;
+  } else {
+    const std::string nodelist = variables.text("SLURM_NODELIST");
+    launch.rendezvous_host = first_slurm_host(nodelist);
+    if (!is_host(launch.rendezvous_host))
+      throw UserError(
+          fmt::format("SLURM_NODELIST=\"{}\": not a Slurm host list (srun sets it)", nodelist));
+  }
   if (variables.optional("MASTER_PORT")) {
     launch.rendezvous_port = variables.integer("MASTER_PORT", 1, kMostPort);
   } else {

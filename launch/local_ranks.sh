@@ -12,8 +12,26 @@
 # SIGTERM, then SIGKILL, each odls_base_sigkill_timeout (1 s) apart, and Open MPI 5 a quarter second
 # apart. A second Ctrl-C stops the ranks at once, without a checkpoint.
 set -euo pipefail
-ranks=${1:?usage: launch/local_ranks.sh RANKS CONFIG.yaml [mltrain options]}
+usage="usage: launch/local_ranks.sh RANKS CONFIG.yaml [mltrain options]"
+# Bad input is said with the usage, exit 2 (mltrain's code for it), before mpirun starts: given
+# `-n 0`, mpirun starts a rank on every slot instead of none.
+refuse() {
+  printf 'local_ranks.sh: %s\n%s\n' "$1" "$usage" >&2
+  exit 2
+}
+(($# > 0)) || refuse "RANKS and CONFIG.yaml are missing"
+if [[ $1 == -h || $1 == --help ]]; then
+  echo "$usage"
+  exit 0
+fi
+# At most 7 digits, so that bash's arithmetic cannot wrap the number around; more ranks on one
+# machine than it has GPUs or cores is a slip, and would start that many processes.
+if [[ ! $1 =~ ^[0-9]{1,7}$ ]] || ((10#$1 < 1 || 10#$1 > 1024)); then
+  refuse "RANKS must be a whole number from 1 to 1024, got \"$1\""
+fi
+ranks=$((10#$1))
 shift
+(($# > 0)) || refuse "CONFIG.yaml is missing"
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mltrain=${MLTRAIN_BIN:-$repo/build/bin/mltrain}  # another build's, for its tests
 

@@ -6,11 +6,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -51,6 +54,16 @@ one line, in order, without its prompt; a newline the model writes is printed as
 backslash as \\. Without --prompt on a terminal, mlgen starts a new document.
 )";
 
+// Whether `text` is a positive number too small for a double (1e-400), which CLI11 reads as 0:
+// a temperature below every one that samples, greedy as 0 is, and no mistake to refuse.
+bool underflows(const std::string& text) {
+  if (text.empty() || text.front() == '-') return false;
+  char* end = nullptr;
+  errno = 0;
+  const double number = std::strtod(text.c_str(), &end);
+  return errno == ERANGE && *end == '\0' && number < std::numeric_limits<double>::min();
+}
+
 struct GenerateArguments {
   std::string source;
   std::optional<std::string> prompt;
@@ -85,10 +98,13 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
           text_check([](const std::string& v) { return parse_number<int64_t>(v).value_or(0) > 0; },
                      "a positive integer"));
   app.add_option("--temperature", sampling.temperature,
-                 "divides the logits before the softmax; 0 is greedy; default 0.8")
+                 "divides the logits before the softmax; 0, or one too small to sample at, is "
+                 "greedy; default 0.8")
       ->type_name("T")
       ->check(text_check(
-          [](const std::string& v) { return parse_number<double>(v).value_or(-1.0) >= 0.0; },
+          [](const std::string& v) {
+            return parse_number<double>(v).value_or(-1.0) >= 0.0 || underflows(v);
+          },
           "a number >= 0"));
   app.add_option("--top-k", sampling.top_k,
                  "sample from the K most likely tokens; 0: all; default 50")

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "common/logging.h"
 #include "data/corpus_prep.h"
 #include "data/shard.h"
+#include "data/tokenizer.h"
 #include "launch/number_arguments.h"
 
 namespace {
@@ -20,6 +22,10 @@ given), streams the documents through parallel encoders and writes DIR/train_000
 DIR/val_000000.bin... (llm.c token shards) and DIR/tokenizer.model. Memory stays bounded whatever
 the corpus's size; the shards are the same for any --threads; each appears whole or not at all.
 )";
+
+// More threads than any machine has cores gain nothing, and thousands of them fail to start (the
+// process's limit on threads) only once the tokenizer is trained, when encoding begins.
+constexpr int kMostThreads = 1024;
 
 CLI::Validator fraction() {
   return mltrain::text_check(
@@ -54,9 +60,11 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
       ->type_name("NAME");
   app.add_flag("--skip-bad-lines", options.reader.skip_bad_lines,
                "count and pass over jsonl lines without the text field, instead of stopping");
+  // 256 byte pieces, 3 special ones and one more; the top is SentencePiece's, said now rather than
+  // by SentencePiece after the sample is read.
   app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
       ->type_name("N")
-      ->check(mltrain::integer_at_least(260));
+      ->check(mltrain::integer_between(260, mltrain::kMostVocabularySize));
   app.add_option("--tokenizer", options.tokenizer,
                  "use this SentencePiece model instead of training one")
       ->type_name("MODEL");
@@ -76,7 +84,7 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
                "replace the shards and tokenizer of a non-empty --out directory");
   app.add_option("--threads", options.threads, "encoding and training threads; default: all cores")
       ->type_name("N")
-      ->check(mltrain::integer_at_least(1));
+      ->check(mltrain::integer_between(1, kMostThreads));
   app.add_option("--seed", options.seed,
                  "seed of the validation split and the tokenizer's sample; default 1337")
       ->type_name("N")
@@ -87,7 +95,8 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
 // one-line UserError.
 std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* const* argv) {
   mltrain::CorpusPrepOptions options;
-  options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.threads =
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMostThreads);
   std::vector<std::string> inputs;
   std::string format = "text";
   CLI::App app;

@@ -20,14 +20,39 @@ if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
   echo "ranks.sh needs bash 5.1 or newer (wait -n -p), and this is $BASH_VERSION" >&2
   exit 2
 fi
-ranks=${1:?usage: launch/ranks.sh RANKS CONFIG.yaml [mltrain options]}
+usage="usage: launch/ranks.sh RANKS CONFIG.yaml [mltrain options]"
+# Bad input is said with the usage, exit 2 (mltrain's code for it), before any rank starts:
+# bash's arithmetic would take a word for a variable's name, and 0 or -1 for no ranks at all.
+refuse() {
+  printf 'ranks.sh: %s\n%s\n' "$1" "$usage" >&2
+  exit 2
+}
+# $2, the value of $1, as a whole number from $4 (default 1) to $3, in base 10 whatever its
+# leading zeros; at most 7 digits, so that bash's arithmetic cannot wrap it around.
+whole_number() {
+  local name=$1 text=$2 most=$3 least=${4:-1}
+  if [[ ! $text =~ ^[0-9]{1,7}$ ]] || ((10#$text < least || 10#$text > most)); then
+    refuse "$name must be a whole number from $least to $most, got \"$text\""
+  fi
+  echo $((10#$text))
+}
+(($# > 0)) || refuse "RANKS and CONFIG.yaml are missing"
+if [[ $1 == -h || $1 == --help ]]; then
+  echo "$usage"
+  exit 0
+fi
+# More ranks on one node than it has GPUs or cores is a slip, and would start that many processes.
+ranks=$(whole_number RANKS "$1" 1024) || exit 2
 shift
+(($# > 0)) || refuse "CONFIG.yaml is missing"
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mltrain=${MLTRAIN_BIN:-$repo/build/bin/mltrain}  # another build's, for its tests
-nnodes=${NNODES:-1}
-node_rank=${NODE_RANK:-0}
+# The nodes' ranks together within mltrain's limit on a run's (kMostRanks, dist/world.h).
+nnodes=$(whole_number NNODES "${NNODES:-1}" $((1048576 / ranks))) || exit 2
+node_rank=$(whole_number NODE_RANK "${NODE_RANK:-0}" $((nnodes - 1)) 0) || exit 2
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-export MASTER_PORT=${MASTER_PORT:-29500}
+MASTER_PORT=$(whole_number MASTER_PORT "${MASTER_PORT:-29500}" 65535) || exit 2
+export MASTER_PORT
 export WORLD_SIZE=$((nnodes * ranks)) LOCAL_WORLD_SIZE=$ranks
 
 trap '' PIPE  # the ranks still have a checkpoint to save when a reader of the output goes away

@@ -140,14 +140,14 @@ std::string hf_config_json(const HfConfig& config) {
       {"torch_dtype", "float32"},
       {"use_cache", true},
   };
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 std::string hf_generation_config_json(const HfConfig& config) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   if (config.bos_token_id) json["bos_token_id"] = *config.bos_token_id;
   if (config.eos_token_id) json["eos_token_id"] = *config.eos_token_id;
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 HfConfig parse_hf_config(const std::string& text, const std::string& source) {

@@ -124,7 +124,7 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
     offset += bytes;
     payloads.push_back(cpu);
   }
-  std::string header_text = header.dump();
+  std::string header_text = json_text(header);
   // Pad with spaces so the data starts 8-byte aligned, as the reference implementation does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_length = header_text.size();

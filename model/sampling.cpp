@@ -17,7 +17,14 @@ at::Tensor keep_only(const at::Tensor& probabilities, const at::Tensor& indices)
 at::Tensor sampling_distribution(const at::Tensor& logits, const SamplingOptions& options) {
   TORCH_CHECK(options.temperature > 0.0, "sampling needs a positive temperature, got ",
               options.temperature);
-  at::Tensor probabilities = (logits.to(at::kCPU, at::kFloat) / options.temperature).softmax(-1);
+  // Each logit's distance below the largest, divided by the temperature, in double: the logits
+  // themselves divided by a small temperature overflow fp32 (at 1e-38, to inf, and inf - inf is
+  // NaN in the softmax), and a temperature below fp32's smallest is 0 there. A distance of at most
+  // 0 divided by any positive double is at worst -inf, whose exp is 0: where the distances to the
+  // largest underflow exp, the distribution is the argmax's alone (ties share it), which is greedy.
+  const at::Tensor scaled = logits.to(at::kCPU, at::kDouble);
+  at::Tensor probabilities =
+      ((scaled - scaled.max()) / options.temperature).softmax(-1).to(at::kFloat);
   const int64_t vocab = probabilities.size(0);
   if (options.top_k > 0 && options.top_k < vocab) {
     probabilities = keep_only(probabilities, std::get<1>(probabilities.topk(options.top_k)));

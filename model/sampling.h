@@ -21,7 +21,9 @@ struct SamplingOptions {
 // The distribution a token is drawn from, as fp32 probabilities [V] on the CPU: softmax of
 // logits [V] / temperature, restricted to the top_k most likely tokens, then to the smallest
 // most-likely-first prefix of those whose mass is at least top_p, renormalised after each step.
-// Needs a positive temperature.
+// Needs a positive temperature, and any positive one gives that distribution, computed without
+// overflow: a temperature so small that every other token's probability underflows gives the
+// argmax alone (greedy), and a huge one every token alike.
 at::Tensor sampling_distribution(const at::Tensor& logits, const SamplingOptions& options);
 
 // A token drawn from probabilities [V] (fp32, CPU) by inverting their cumulative sum at one

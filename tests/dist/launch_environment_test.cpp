@@ -106,6 +106,31 @@ TEST(LaunchEnvironment, SrunWithoutMpiMeetsAtTheFirstNodeOnAPortOfTheJob) {
   EXPECT_CONTAINS(refusal(missing), "SLURM_NODELIST is not set: srun sets it");
 }
 
+// A MASTER_ADDR set but blank is a slip under either launcher's variables: refused at once, not
+// looked up for the rendezvous timeout; so is a host list whose first host is blank.
+TEST(LaunchEnvironment, ABlankMeetingHostIsRefused) {
+  const Variables srun = {{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "2"},
+                          {"SLURM_LOCALID", "0"},
+                          {"SLURM_NODELIST", "gpu[07-08]"}};
+  for (const char* blank : {"", " ", "n1 n2", "\t"}) {
+    Variables slurm = srun;
+    slurm["MASTER_ADDR"] = blank;
+    EXPECT_CONTAINS(refusal(slurm),
+                    "MASTER_ADDR=\"" + std::string(blank) + "\": not a host name or address");
+    Variables torchrun = kTorchrun;
+    torchrun["MASTER_ADDR"] = blank;
+    EXPECT_CONTAINS(refusal(torchrun), "MASTER_ADDR");
+    EXPECT_NE(refusal(torchrun), "no error");
+  }
+  Variables torchrun = kTorchrun;
+  torchrun["MASTER_ADDR"] = "";
+  EXPECT_CONTAINS(refusal(torchrun), "MASTER_ADDR is set but empty");
+  Variables list = srun;
+  list["SLURM_NODELIST"] = ",gpu01";
+  EXPECT_CONTAINS(refusal(list), "SLURM_NODELIST=\",gpu01\": not a Slurm host list");
+}
+
 TEST(LaunchEnvironment, TheFirstHostOfASlurmHostList) {
   EXPECT_EQ(first_slurm_host("node1"), "node1");
   EXPECT_EQ(first_slurm_host("node1,node2"), "node1");

@@ -274,5 +274,48 @@ TEST(BadInput, PlotPassesOverBadLinesAndNeedsMetrics) {
   expect_user_error(run("mltrain", config + " --plot"), metrics.string() + ": no metrics to plot");
 }
 
+// Names and paths that are not UTF-8 go nowhere that holds Unicode text only (JSON and YAML). A
+// data.sources name of other bytes is refused at once, naming its key (it once passed, and then
+// every evaluation record and checkpoint save failed with nlohmann's raw type_error 316); so is a
+// relative data path from a working directory whose name is not UTF-8, which the run would save
+// absolute. A run directory renamed to such a name is still evaluated, and its record written,
+// with U+FFFD for each bad byte (it was once left out, with the raw text as a warning).
+TEST(BadInput, TextThatIsNotUtf8IsRefusedWhereItEntersOrWrittenReplaced) {
+  TemporaryDirectory dir;
+  const std::string config = tiny_config(dir);
+  const std::string train = (dir / "train_*.bin").string();
+  const std::string val = (dir / "val_*.bin").string();
+  const CommandResult named =
+      run("mltrain", config + " --set 'data.sources=[{name: \"web\xFF\", train: \"" + train +
+                         "\", val: \"" + val + "\"}]'");
+  expect_user_error(named, "data.sources entry 1: name is not valid UTF-8 (\"web\\xFF\", byte 4)");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
+
+  const std::filesystem::path foreign = dir / "d\xE9j\xE0";
+  std::filesystem::create_directories(foreign);
+  std::filesystem::copy_file(dir / "train_000000.bin", foreign / "train_000000.bin");
+  std::filesystem::copy_file(dir / "val_000000.bin", foreign / "val_000000.bin");
+  const CommandResult relative = testing::run_tool_in(
+      foreign, "mltrain",
+      config + " --set data.train=train_000000.bin --set data.val=val_000000.bin");
+  expect_user_error(relative, "data.train is relative to the working directory " +
+                                  (dir / "d\\xE9j\\xE0").string() +
+                                  ", whose name is not valid UTF-8");
+
+  ASSERT_EQ(run("mltrain", config).exit_code, 0);
+  const std::filesystem::path renamed = dir / "run\xFF";
+  std::filesystem::rename(dir / "run", renamed);
+  const CommandResult evaluated = run("mltrain", "--eval-only --resume " + renamed.string());
+  EXPECT_EQ(evaluated.exit_code, 0) << evaluated.output;
+  EXPECT_EQ(evaluated.output.find("not recorded"), std::string::npos) << evaluated.output;
+  const std::string metrics = testing::read_text(renamed / "metrics.jsonl");
+  const size_t record = metrics.rfind("{\"event\":\"eval_only\"");
+  ASSERT_NE(record, std::string::npos) << metrics;
+  const nlohmann::json parsed = nlohmann::json::parse(metrics.substr(record));
+  EXPECT_EQ(
+      parsed["weights"],
+      (dir / "run\xEF\xBF\xBD" / "checkpoints" / "step_00000004" / "model.safetensors").string());
+}
+
 }  // namespace
 }  // namespace mltrain

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "model/safetensors.h"
@@ -31,6 +33,34 @@ void expect_same_weights(const std::filesystem::path& a, const std::filesystem::
   const NamedTensors first = load_safetensors(a);
   const NamedTensors second = load_safetensors(b);
   for (const auto& [name, tensor] : first) EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
+}
+
+constexpr int64_t kGlobalBatch = 16;  // the tiny run's windows per step
+
+// A run directory at `run_dir` whose only checkpoint is a copy of `checkpoint`, to be resumed at
+// sample `samples` instead of the checkpoint's own (its state.json edited: the file holds no
+// checksum of itself): as a run that went on past the samples behind skipped steps does.
+void resume_at_sample(const std::filesystem::path& checkpoint, const std::filesystem::path& run_dir,
+                      int64_t samples) {
+  const std::filesystem::path copy = run_dir / "checkpoints" / checkpoint.filename();
+  std::filesystem::create_directories(copy.parent_path());
+  std::filesystem::copy(checkpoint, copy);
+  nlohmann::json state = nlohmann::json::parse(testing::read_text(copy / "state.json"));
+  state["samples_consumed"] = samples;
+  testing::write_text(copy / "state.json", state.dump());
+  testing::write_text(run_dir / "checkpoints" / "latest", checkpoint.filename().string() + "\n");
+}
+
+// The records of metrics.jsonl since its last start event: the last run's.
+std::vector<nlohmann::json> last_run_records(const std::filesystem::path& metrics) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "start") records.clear();
+    records.push_back(std::move(record));
+  }
+  return records;
 }
 
 TEST(Faults, SigtermCheckpointsExitsZeroAndResumesToTheUnbrokenWeights) {
@@ -202,59 +232,72 @@ TEST(Faults, TheShippedBinaryHasNoFaultSwitch) {
 }
 
 // A loss spike (10 times the step's loss, injected) is not applied, with either optimizer: the
-// weights and the optimizer's state after it are those before it, the log and metrics.jsonl say
-// so, and the steps after it train on. Spikes that go on after a rollback stop the run.
+// weights and the optimizer's state after the step that follows it are those of a run that skips
+// the spiking step's samples, the log and metrics.jsonl say so, and the checkpoint due at the
+// skipped step waits for the next step that is applied. Spikes that go on after a rollback stop
+// the run, naming the last good checkpoint.
 TEST(Faults, ALossSpikeIsSkippedAndLeavesTheStateUntouched) {
   TemporaryDirectory dir;
   const std::string config =
-      write_config(dir, 7) +
+      write_config(dir, 9) +
       " --set train.ckpt_every=1 --set train.keep_last=10 --set train.max_bad_steps=3";
   for (const std::string optimizer : {"adamw", "muon"}) {
     SCOPED_TRACE(optimizer);
     const std::filesystem::path run_dir = dir / optimizer;
+    const std::string run_config = config + " --set optim.name=" + optimizer;
     const auto run = run_command(mltrain_with_fault(
-        "spike-loss:5-5",
-        config + " --set optim.name=" + optimizer + " --set train.run_dir=" + run_dir.string()));
+        "spike-loss:7-7", run_config + " --set train.run_dir=" + run_dir.string()));
     ASSERT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_CONTAINS(run.output, "step 5: loss ");
+    EXPECT_CONTAINS(run.output, "step 7: loss ");
     EXPECT_CONTAINS(run.output, "times its running level");
     EXPECT_CONTAINS(run.output, "(train.spike_guard = 2): update skipped (1 in a row");
-    EXPECT_EQ(run.output.find("step 4: loss"), std::string::npos) << run.output;
+    EXPECT_CONTAINS(run.output,
+                    "step 7: the checkpoint waits for the next step that is applied (1 skipped");
+    EXPECT_EQ(run.output.find("step 6: loss"), std::string::npos) << run.output;
     const std::filesystem::path checkpoints = run_dir / "checkpoints";
+    EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000007"));
+
+    // Step 6's checkpoint, trained one step on the samples of step 8: step 7 left no trace.
+    const std::filesystem::path skipping = dir / (optimizer + "_skipping");
+    resume_at_sample(checkpoints / "step_00000006", skipping, 7 * kGlobalBatch);
+    const auto skipped = run_command(mltrain(run_config +
+                                             " --resume auto --set train.max_steps=7 "
+                                             "--set train.run_dir=" +
+                                             skipping.string()));
+    ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
     for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-      const NamedTensors before = load_safetensors(checkpoints / "step_00000004" / file);
-      const NamedTensors after = load_safetensors(checkpoints / "step_00000005" / file);
-      ASSERT_EQ(before.size(), after.size());
-      for (const auto& [name, tensor] : before)
-        EXPECT_TRUE(at::equal(tensor, after.at(name))) << file << ": " << name;
-      const NamedTensors trained = load_safetensors(checkpoints / "step_00000006" / file);
-      EXPECT_FALSE(at::equal(after.begin()->second, trained.at(after.begin()->first)))
-          << "the step after the spike trains";
+      SCOPED_TRACE(file);
+      expect_same_weights(checkpoints / "step_00000008" / file,
+                          skipping / "checkpoints" / "step_00000007" / file);
     }
     bool recorded = false;
-    std::ifstream metrics(run_dir / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const auto record = nlohmann::json::parse(line);
+    for (const nlohmann::json& record : last_run_records(run_dir / "metrics.jsonl")) {
       if (record.value("skipped", "") != "loss spike") continue;
       recorded = true;
-      EXPECT_EQ(record["step"], 5);
+      EXPECT_EQ(record["step"], 7);
       EXPECT_GT(record["loss"].get<double>(), 2 * record["loss_level"].get<double>());
     }
     EXPECT_TRUE(recorded);
   }
 
-  const auto spiking =
-      run_command(mltrain_with_fault("spike-loss:4-100", config +
-                                                             " --set train.max_steps=20 --set "
-                                                             "train.run_dir=" +
-                                                             (dir / "spiking").string()));
+  const std::filesystem::path spiking_dir = dir / "spiking";
+  const auto spiking = run_command(mltrain_with_fault(
+      "spike-loss:4-100", write_config(dir, 20) +
+                              " --set train.ckpt_every=2 --set train.max_bad_steps=3 --set "
+                              "train.run_dir=" +
+                              spiking_dir.string()));
   EXPECT_EQ(spiking.exit_code, kExitRuntimeFailure) << spiking.output;
+  const std::string good = (spiking_dir / "checkpoints" / "step_00000002").string();
   EXPECT_CONTAINS(spiking.output,
-                  "step 6: 3 skipped steps in a row (the last a loss spike): rolled back to");
+                  "step 6: 3 skipped steps in a row (the last a loss spike): rolled back to " +
+                      good + " (step 2)");
   EXPECT_CONTAINS(spiking.output,
-                  "step 8: 3 skipped steps in a row (the last a loss spike) again since the "
-                  "rollback to step_00000005, with no step applied: stopping; the last good "
-                  "checkpoint is");
+                  "step 6: 3 skipped steps in a row (the last a loss spike) again after rolling "
+                  "back to step_00000002: stopping, with no checkpoint left to go back to; the "
+                  "settings are at fault, not a few samples; the last good checkpoint is " +
+                      good);
+  EXPECT_FALSE(std::filesystem::exists(spiking_dir / "checkpoints" / "step_00000004"))
+      << "no checkpoint is saved while steps are skipped";
 }
 
 // The windows of each micro-batch that rank 0 read, from mltrain_faults' print-windows lines, in
@@ -306,7 +349,6 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
         << "batch " << i << " reads what the unbroken run's step " << unbroken_step << " reads";
   }
 
-  constexpr int64_t kGlobalBatch = 16;  // the tiny run's windows per step
   bool recorded = false;
   std::ifstream metrics(dir / "run" / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
@@ -319,16 +361,9 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
   }
   EXPECT_TRUE(recorded);
 
-  // Step 4's checkpoint, resumed at the sample where the rollback went on (its state.json edited:
-  // the file holds no checksum of itself).
-  const std::filesystem::path resumed = dir / "resumed" / "checkpoints";
-  std::filesystem::create_directories(resumed);
-  std::filesystem::copy(dir / "run" / "checkpoints" / "step_00000004", resumed / "step_00000004");
-  nlohmann::json state =
-      nlohmann::json::parse(testing::read_text(resumed / "step_00000004" / "state.json"));
-  state["samples_consumed"] = 8 * kGlobalBatch;
-  testing::write_text(resumed / "step_00000004" / "state.json", state.dump());
-  testing::write_text(resumed / "latest", "step_00000004\n");
+  // Step 4's checkpoint, resumed at the sample where the rollback went on.
+  resume_at_sample(dir / "run" / "checkpoints" / "step_00000004", dir / "resumed",
+                   8 * kGlobalBatch);
   const auto resumed_run = run_command(
       mltrain(config + " --resume auto --set train.run_dir=" + (dir / "resumed").string()));
   ASSERT_EQ(resumed_run.exit_code, 0) << resumed_run.output;
@@ -369,25 +404,91 @@ TEST(Faults, ARollbackGoesToTheRunsOwnCheckpointNotTheNewestInTheDirectory) {
                       (checkpoints / "step_00000004").string() + " (step 4)");
 }
 
-// A run that reaches its last step with no update applied since its rollback failed: its
-// checkpoints since hold the weights it rolled back to. It once ended with exit 0, and saved its
-// last step's checkpoint, after which --resume auto found nothing to train. A few skipped steps
-// before the end of a run, without a rollback, still finish it.
-TEST(Faults, ARunThatAppliesNoUpdateSinceItsRollbackFails) {
+// Steps that are skipped whatever checkpoint the run goes back to stop it: the checkpoint whose
+// weights gave only skipped steps when gone back to is set aside as bad, the rollbacks go back
+// further, and the run fails (exit 1) naming the last good checkpoint, which `latest` names. A
+// few samples that spike at the end of a run roll it back to its last checkpoint, past them, and
+// it finishes: its last step is never saved while skipped.
+TEST(Faults, StepsSkippedAfterEveryRollbackStopTheRunAtTheLastGoodCheckpoint) {
   TemporaryDirectory dir;
   const std::string config =
       write_config(dir, 8) + " --set train.ckpt_every=2 --set train.max_bad_steps=3";
-  // Steps 5 to 7 skipped: back to step 6's checkpoint (saved after two skipped steps); 7 and 8
-  // skipped again, fewer than max_bad_steps before the end.
   const auto failed = run_command(mltrain_with_fault("nonfinite-gradients:5-101", config));
   EXPECT_EQ(failed.exit_code, kExitRuntimeFailure) << failed.output;
-  EXPECT_CONTAINS(failed.output, "rolled back to");
-  EXPECT_CONTAINS(failed.output, "no step was applied since the rollback to step_00000006");
-  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints" / "step_00000008"));
+  const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
+  EXPECT_CONTAINS(failed.output, "rolled back to " + (checkpoints / "step_00000004").string());
+  EXPECT_CONTAINS(failed.output,
+                  "again after rolling back to step_00000004, step_00000002: "
+                  "stopping, with no checkpoint left to go back to");
+  EXPECT_CONTAINS(failed.output,
+                  "the last good checkpoint is " + (checkpoints / "step_00000002").string());
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000004.bad-1" / "state.json"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000008"));
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000002\n");
 
-  const auto few = run_command(mltrain_with_fault(
-      "nonfinite-gradients:7-8", config + " --set train.run_dir=" + (dir / "few").string()));
-  EXPECT_EQ(few.exit_code, 0) << few.output;
+  // Two ranks, their optimizer state sharded, decide alike from rank 0's list of checkpoints:
+  // the same rollbacks, the same checkpoint set aside, the same stop.
+  const std::filesystem::path two_ranks = dir / "two_ranks";
+  const auto both = run_command(testing::mpirun_with_fault(
+      2, "nonfinite-gradients:5-101",
+      config + " --set data.micro_batch=4 --set dist.zero_stage=1 --set train.run_dir=" +
+          two_ranks.string()));
+  EXPECT_NE(both.exit_code, 0) << both.output;
+  EXPECT_CONTAINS(both.output,
+                  "again after rolling back to step_00000004, step_00000002: "
+                  "stopping, with no checkpoint left to go back to");
+  EXPECT_TRUE(
+      std::filesystem::exists(two_ranks / "checkpoints" / "step_00000004.bad-1" / "state.json"));
+  EXPECT_EQ(testing::read_text(two_ranks / "checkpoints" / "latest"), "step_00000002\n");
+
+  const std::filesystem::path few = dir / "few";
+  const auto finished = run_command(
+      mltrain_with_fault("spike-loss-once:7-8", config + " --set train.run_dir=" + few.string()));
+  EXPECT_EQ(finished.exit_code, 0) << finished.output;
+  EXPECT_CONTAINS(finished.output,
+                  "step 8: 2 skipped steps in a row at the run's last step: rolled back to " +
+                      (few / "checkpoints" / "step_00000006").string());
+  EXPECT_TRUE(std::filesystem::exists(few / "checkpoints" / "step_00000008" / "state.json"));
+}
+
+// Issue 43's bad streak: a run resumed with a learning rate that wrecks the weights in one update
+// (its loss, taken before the update, is finite and passes the spike guard), after which every
+// step is skipped. No checkpoint is saved while steps are skipped; one saved just after the
+// update (train.ckpt_every 1) is tried, found bad and set aside, and train.keep_last 1 never
+// prunes the checkpoint before it; the rollbacks go back further each time the trouble comes
+// back; the run stops naming as the last good checkpoint the one it resumed from, which `latest`
+// names, and from which the run's own learning rate trains on with finite losses.
+TEST(Faults, ADestructiveUpdateLeavesTheLastGoodCheckpointToResumeFrom) {
+  for (const int64_t ckpt_every : {2, 1}) {
+    SCOPED_TRACE(ckpt_every);
+    TemporaryDirectory dir;
+    const std::string config = write_config(dir, 8) +
+                               " --set train.ckpt_every=" + std::to_string(ckpt_every) +
+                               " --set train.keep_last=" + std::to_string(ckpt_every);
+    ASSERT_EQ(run_command(mltrain(config)).exit_code, 0);
+    const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
+    const auto wrecked =
+        run_command(mltrain(config + " --resume auto --set optim.lr=1e6 --set train.max_steps=40"));
+    EXPECT_EQ(wrecked.exit_code, kExitRuntimeFailure) << wrecked.output;
+    EXPECT_CONTAINS(wrecked.output,
+                    "the last good checkpoint is " + (checkpoints / "step_00000008").string() +
+                        ": continue from it with --resume auto once they are fixed");
+    EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000008\n");
+    if (ckpt_every == 1) {
+      EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000009.bad-1" / "state.json"));
+    }
+
+    const auto resumed = run_command(mltrain(config + " --resume auto --set train.max_steps=14"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    int64_t steps = 0;
+    for (const nlohmann::json& record : last_run_records(dir / "run" / "metrics.jsonl")) {
+      EXPECT_FALSE(record.contains("skipped")) << record.dump();
+      if (!record.contains("loss")) continue;
+      ++steps;
+      EXPECT_TRUE(std::isfinite(record["loss"].get<double>())) << record.dump();
+    }
+    EXPECT_EQ(steps, 6);
+  }
 }
 
 TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
@@ -409,8 +510,8 @@ TEST(Faults, NonFiniteStepsAreSkippedThenStopTheRun) {
   EXPECT_EQ(diverging.exit_code, kExitRuntimeFailure);
   EXPECT_CONTAINS(diverging.output, "step 6: 3 non-finite steps in a row: rolled back to");
   EXPECT_CONTAINS(diverging.output,
-                  "step 7: 3 non-finite steps in a row again since the rollback to "
-                  "step_00000004, with no step applied: stopping; the last good checkpoint is");
+                  "step 6: 3 non-finite steps in a row again after rolling back to "
+                  "step_00000002: stopping, with no checkpoint left to go back to");
 }
 
 }  // namespace

@@ -4,8 +4,6 @@
 // missing variable or a missing rank does.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -21,19 +19,6 @@ using testing::run_command;
 using testing::TemporaryDirectory;
 
 constexpr int64_t kGlobalBatch = 12;  // windows per step, in 2 micro-steps
-
-// A TCP port nothing listens on now, for a rendezvous of its own.
-int free_port() {
-  const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(socket, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(socket, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(socket);
-  return ntohs(address.sin_port);
-}
 
 // The tiny run's config file, and the options that give each of `ranks` ranks its share of the
 // global batch in `run_dir`.
@@ -72,7 +57,7 @@ TEST(Launchers, TwoRanksOfRanksShTrainLikeOneRank) {
   TemporaryDirectory dir;
   const auto two = run_command(
       fmt::format("MLTRAIN_BIN={} MASTER_PORT={} timeout 300 bash {}/launch/ranks.sh 2 {}",
-                  kMltrain, free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 2, "two")));
+                  kMltrain, testing::free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 2, "two")));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_CONTAINS(two.output, "launcher: torchrun's variables");
   EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
@@ -86,7 +71,7 @@ TEST(Launchers, TwoRanksOfTorchrunTrainLikeOneRank) {
       (std::filesystem::path(MLTRAIN_PYTHON).parent_path() / "torchrun").string();
   const auto two = run_command(
       fmt::format("timeout 300 {} --nproc-per-node=2 --master-port={} --no-python {} {}", torchrun,
-                  free_port(), kMltrain, arguments(dir, 2, "torchrun")));
+                  testing::free_port(), kMltrain, arguments(dir, 2, "torchrun")));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
   expect_like_one_rank(dir, "torchrun");
@@ -121,7 +106,7 @@ TEST(Launchers, AStoppedRankIsNamedByTheRankWaitingForIt) {
   const std::string rank = fmt::format(
       "MLTRAIN_FAULT=stop-rank:1 SLURM_NTASKS=2 SLURM_NODELIST=localhost MASTER_PORT={} "
       "timeout 120 {}/mltrain_faults {} --set train.max_steps=1000000 --set dist.timeout_s=4",
-      free_port(), MLTRAIN_BIN_DIR, arguments(dir, 2, "run"));
+      testing::free_port(), MLTRAIN_BIN_DIR, arguments(dir, 2, "run"));
   const auto run = run_command(
       fmt::format("SLURM_PROCID=1 SLURM_LOCALID=1 {0} > {1}/rank1.txt 2>&1 & stopped=$!; "
                   "SLURM_PROCID=0 SLURM_LOCALID=0 {0} > {1}/rank0.txt 2>&1; zero=$?; "
@@ -190,7 +175,7 @@ TEST(Launchers, AFileRendezvousWhereNoFileCanBeMadeIsExitTwo) {
 
 TEST(Launchers, ARankThatNeverComesEndsTheRendezvousWithinTheTimeout) {
   TemporaryDirectory dir;
-  const int port = free_port();
+  const int port = testing::free_port();
   const auto alone = run_command(fmt::format(
       "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT={} timeout 120 {} {} "
       "--set dist.timeout_s=2",

@@ -36,6 +36,11 @@ TEST(MlgenCli, BadArgumentsAreOneLineAndExitTwo) {
            {"runs/x --temperature -0.5", "--temperature: expected a number >= 0, got \"-0.5\""},
            {"runs/x --temperature warm", "--temperature: expected a number >= 0, got \"warm\""},
            {"runs/x --temperature inf", "--temperature: expected a number >= 0, got \"inf\""},
+           {"runs/x --temperature nan", "--temperature: expected a number >= 0, got \"nan\""},
+           {"runs/x --temperature -inf", "--temperature: expected a number >= 0, got \"-inf\""},
+           {"runs/x --temperature 1e400", "--temperature: expected a number >= 0, got \"1e400\""},
+           {"runs/x --temperature -1e-400",
+            "--temperature: expected a number >= 0, got \"-1e-400\""},
            {"runs/x --top-k -1", "--top-k: expected an integer >= 0, got \"-1\""},
            {"runs/x --top-k 2.5", "--top-k: expected an integer >= 0, got \"2.5\""},
            {"runs/x --top-p 0", "--top-p: expected a number in (0, 1], got \"0\""},
@@ -154,6 +159,21 @@ TEST_F(MlgenOnATinyModel, ASeedReproducesItsTextAndGreedyIsTemperatureZero) {
   EXPECT_NE(text("--seed 5"), text("--seed 6"));
   EXPECT_EQ(text("--greedy"), text("--temperature 0 --seed 9"));
   EXPECT_NE(text("--greedy"), text("--seed 5"));
+}
+
+// Temperatures so small that the logits divided by them overflowed fp32 (1e-38, as the fixture's
+// newline logit is large) gave a repeated junk token; any of them, and one too small for a double
+// (1e-400), gives the greedy text. A huge one samples from all tokens alike.
+TEST_F(MlgenOnATinyModel, TinyTemperaturesGiveTheGreedyTextAndHugeOnesSample) {
+  const auto text = [&](const std::string& arguments) {
+    const CommandResult result = run("--prompt 'The ' --tokens 20 " + arguments, true);
+    EXPECT_EQ(result.exit_code, 0) << arguments << ": " << result.output;
+    return result.output;
+  };
+  const std::string greedy = text("--greedy");
+  for (const char* temperature : {"1e-30", "1e-38", "1e-45", "1e-300", "5e-324", "1e-400"})
+    EXPECT_EQ(text(std::string("--temperature ") + temperature), greedy) << temperature;
+  EXPECT_NE(text("--temperature 1e300 --top-k 0 --top-p 1"), greedy);
 }
 
 TEST_F(MlgenOnATinyModel, RatesGoToStderrAndOnlyTheTextToStdout) {

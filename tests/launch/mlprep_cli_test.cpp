@@ -62,7 +62,8 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   EXPECT_EQ(vocab.exit_code, kExitUserError);
   EXPECT_CONTAINS(
       vocab.output,
-      "--vocab-size: expected an integer of at least 260, got \"lots\" (see mlprep --help)");
+      "--vocab-size: expected an integer from 260 to 2147483647, got \"lots\" (see mlprep "
+      "--help)");
   EXPECT_EQ(mlprep(out).exit_code, kExitUserError);
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "train_000000.bin"));
 }
@@ -100,6 +101,24 @@ TEST(MlprepCli, AVocabularyTooSmallForTheCharactersSaysWhatSizeIsEnough) {
   const CommandResult enough =
       mlprep(input + fmt::format(" --vocab-size {} --out ", needed) + (dir / "b").string());
   EXPECT_EQ(enough.exit_code, 0) << enough.output;
+}
+
+// A vocabulary within SentencePiece's range but larger than the corpus's sample can fill is
+// refused, once the tokenizer is trained, with the size it can fill, in mlprep's terms.
+TEST(MlprepCli, AVocabularyTooLargeForTheCorpusSaysWhatSizeItCanFill) {
+  testing::TemporaryDirectory dir;
+  const CommandResult refused = mlprep(
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 1000000 "
+      "--out " +
+      (dir / "out").string());
+  EXPECT_EQ(refused.exit_code, kExitUserError) << refused.output;
+  const std::string said =
+      "--vocab-size 1000000 is too large for this corpus: its sample makes at most ";
+  const size_t at = refused.output.find(said);
+  ASSERT_NE(at, std::string::npos) << refused.output;
+  const int64_t most = std::stoll(refused.output.substr(at + said.size()));
+  EXPECT_CONTAINS(refused.output, fmt::format("give --vocab-size {} or less", most));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
 TEST(MlprepCli, ANonEmptyOutputDirectoryExitsTwoAndStaysAsItWas) {
@@ -231,14 +250,27 @@ TEST(MlprepCli, UnknownFlagIsOneLineAndExitTwo) {
 TEST(MlprepCli, BadNumbersAreOneLineAndExitTwo) {
   const std::string files = "--input x --out y ";
   for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
-           {"--vocab-size 259", "--vocab-size: expected an integer of at least 260, got \"259\""},
+           {"--vocab-size 259",
+            "--vocab-size: expected an integer from 260 to 2147483647, got \"259\""},
+           // SentencePiece's vocab_size is an int32: beyond it, SentencePiece said so only once the
+           // sample was read, in its own words.
+           {"--vocab-size 99999999999",
+            "--vocab-size: expected an integer from 260 to 2147483647, got \"99999999999\""},
+           {"--vocab-size 2147483648",
+            "--vocab-size: expected an integer from 260 to 2147483647, got \"2147483648\""},
            {"--shard-tokens 0",
             "--shard-tokens: expected an integer from 1 to 2147483647, got \"0\""},
            {"--shard-tokens 2147483648",
             "--shard-tokens: expected an integer from 1 to 2147483647, got \"2147483648\""},
            {"--tokenizer-sample-mb 0",
             "--tokenizer-sample-mb: expected an integer from 1 to 1000000, got \"0\""},
-           {"--threads 2x", "--threads: expected an integer of at least 1, got \"2x\""},
+           {"--threads 2x", "--threads: expected an integer from 1 to 1024, got \"2x\""},
+           {"--threads 0", "--threads: expected an integer from 1 to 1024, got \"0\""},
+           // Past int, CLI11 said it could not convert; thousands of threads failed to start only
+           // once the tokenizer was trained.
+           {"--threads 99999999999",
+            "--threads: expected an integer from 1 to 1024, got \"99999999999\""},
+           {"--threads 5000", "--threads: expected an integer from 1 to 1024, got \"5000\""},
            {"--seed -1", "--seed: expected an integer of at least 0, got \"-1\""},
            {"--val-fraction 1", "--val-fraction: expected a number in [0, 1), got \"1\""},
            {"--val-fraction half", "--val-fraction: expected a number in [0, 1), got \"half\""}}) {

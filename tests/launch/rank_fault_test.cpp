@@ -160,6 +160,34 @@ TEST(RankFaults, AnEarlierRunsFlightRecordsMoveAside) {
             "an earlier run's record");
 }
 
+// What a user put at RUN_DIR/flight.previous or RUN_DIR/flight (a file, not a run's records) is
+// moved aside with a warning when the run moves records there, never removed.
+TEST(RankFaults, AUsersFileWhereFlightRecordsGoIsKeptAside) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 6);
+  const std::filesystem::path run_dir = dir / "run";
+  std::filesystem::create_directories(run_dir / "flight");
+  testing::write_text(run_dir / "flight" / "rank_0.json", "an earlier run's record");
+  testing::write_text(run_dir / "flight.previous", "the user's notes");
+  const auto run = run_command(mpirun(2) + " " + testing::mltrain(config));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_CONTAINS(run.output, (run_dir / "flight.previous").string() +
+                                  " is not a run's flight records (one of yours?): kept as "
+                                  "flight.previous.replaced-1");
+  EXPECT_EQ(testing::read_text(run_dir / "flight.previous.replaced-1"), "the user's notes");
+  EXPECT_EQ(testing::read_text(run_dir / "flight.previous" / "rank_0.json"),
+            "an earlier run's record");
+
+  TemporaryDirectory other;
+  const std::filesystem::path other_run = other / "run";
+  std::filesystem::create_directories(other_run);
+  testing::write_text(other_run / "flight", "the user's file");
+  const auto again = run_command(mpirun(2) + " " + testing::mltrain(write_config(other, 6)));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(testing::read_text(other_run / "flight.replaced-1"), "the user's file");
+  EXPECT_TRUE(std::filesystem::exists(other_run / "flight" / "run_token"));
+}
+
 // Ranks that do not share the run directory (a relative train.run_dir, each rank started in a
 // folder of its own, as on nodes with local disks) train on, and the rank that cannot see rank 0's
 // says so: its failures could not gather the flight records, nor could it resume.

@@ -55,6 +55,37 @@ TEST(Sampling, TemperatureDividesTheLogitsBeforeTheSoftmax) {
   }
 }
 
+// Two logits a distance d apart at temperature t: the larger has probability 1 / (1 + e^(-d / t)),
+// at any positive t. The logits are large enough that dividing them by a small t overflows fp32
+// (1e4 / 1e-35 = 1e39), as dividing before subtracting their largest did, giving NaN; the tiny
+// temperatures give the argmax alone, and below fp32's smallest (1e-46) and at double's (5e-324)
+// too; the huge ones give both alike.
+TEST(Sampling, TwoLogitsGiveTheirClosedFormAtAnyTemperature) {
+  const std::vector<float> logits = {1.0e4f, 1.0e4f - 1.0f};
+  for (const double t : {5e-324, 1e-300, 1e-46, 1e-38, 1e-35, 1e-30, 0.01, 0.1, 0.5, 1.0, 10.0,
+                         1e30, 1e300, 1.7e308}) {
+    SCOPED_TRACE(t);
+    const double larger = 1.0 / (1.0 + std::exp(-1.0 / t));
+    expect_distribution(sampling_distribution(logits_tensor(logits), options(t, 0, 1.0)),
+                        {larger, 1.0 - larger});
+  }
+}
+
+// Below the temperature where the others' probabilities underflow, every draw is the argmax
+// (greedy), whatever the generator; tokens tied for the largest share its probability.
+TEST(Sampling, TinyTemperaturesDrawTheArgmaxAsGreedyDoes) {
+  const std::vector<float> logits = {0.5f, -2.0f, 60.0f, 59.0f, -60.0f};
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (const double t : {1e-3, 1e-30, 1e-38, 1e-39, 1e-45, 1e-300, 5e-324}) {
+    SCOPED_TRACE(t);
+    for (int draw = 0; draw < 20; ++draw)
+      EXPECT_EQ(choose_token(logits_tensor(logits), options(t, 50, 0.95), generator), 2);
+  }
+  expect_distribution(
+      sampling_distribution(logits_tensor({3.0f, 1.0f, 3.0f}), options(1e-300, 0, 1.0)),
+      {0.5, 0.0, 0.5});
+}
+
 TEST(Sampling, TopKKeepsTheKMostLikelyRenormalised) {
   const std::vector<double> p = softmax(kLogits, 1.0);
   // Out of index order, so that "most likely" cannot be mistaken for "first".

@@ -1,6 +1,8 @@
 #include "tests/support/test_support.h"
 
 #include <ATen/ATen.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -122,6 +124,18 @@ double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   const at::Tensor a = actual.detach().to(at::kDouble);
   const at::Tensor e = expected.detach().to(at::kDouble);
   return (a - e).norm().item<double>() / e.norm().item<double>();
+}
+
+int free_port() {
+  const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(socket, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(socket, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(socket);
+  return ntohs(address.sin_port);
 }
 
 }  // namespace mltrain::testing

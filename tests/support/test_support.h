@@ -74,4 +74,7 @@ std::map<std::string, std::string> file_contents(const std::filesystem::path& di
 // ||actual - expected|| / ||expected|| in float64.
 double relative_error(const at::Tensor& actual, const at::Tensor& expected);
 
+// A TCP port on the loopback that nothing listens on now, for a rendezvous of a test's own.
+int free_port();
+
 }  // namespace mltrain::testing

@@ -369,7 +369,9 @@ TEST(Resume, AutoResumesTheCheckpointThatLatestNames) {
   train(config, "auto");
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000006\n");
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006"));
-  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000005")) << "pruned: keep_last 1";
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000004")) << "pruned: keep_last 1";
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000005"))
+      << "the newest checkpoint that a step applied after it confirms is kept";
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000009"))
       << "a later step's checkpoint was pruned";
   const auto state =
@@ -447,6 +449,23 @@ TEST(Checkpoints, TheSameCheckpointSavedAgainReplacesItself) {
   EXPECT_EQ(files_of(checkpoints, "step_00000004"), step_4);
   EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000004.replaced-1"));
   EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000004\n");
+}
+
+// A checkpoint found bad moves to step_XXXXXXXX.bad-N, where nothing resumes from or prunes it,
+// and `latest` names the checkpoint given instead (none: the newest stands in for it).
+TEST(Checkpoints, ACheckpointSetAsideIsNeitherLatestNorResumed) {
+  TemporaryDirectory dir;
+  run_checkpointed_every_two(dir);
+  const auto checkpoints = dir / "run" / "checkpoints";
+  const auto step_4 = files_of(checkpoints, "step_00000004");
+  const CheckpointStore store(dir / "run");
+  EXPECT_EQ(store.set_aside(4, 2), checkpoints / "step_00000004.bad-1");
+  EXPECT_EQ(files_of(checkpoints, "step_00000004.bad-1"), step_4);
+  EXPECT_EQ(testing::read_text(checkpoints / "latest"), "step_00000002\n");
+  EXPECT_EQ(store.saved_steps(), std::vector<int64_t>{2});
+  store.set_aside(2, std::nullopt);
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "latest"));
+  EXPECT_EQ(store.latest(), std::nullopt);
 }
 
 TEST(Resume, AutoWithoutACheckpointStartsFresh) {

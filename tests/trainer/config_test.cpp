@@ -142,6 +142,9 @@ TEST(Config, OutOfRangeValuesAreNamed) {
                   "optim.beta1 must be at least 0 and below 1, got 1");
   EXPECT_CONTAINS(config_error("train:\n  threads: 100000\n"),
                   "train.threads must be between 0 and 1024, got 100000");
+  // Its milliseconds once overflowed the deadlines of the rendezvous and the collectives.
+  EXPECT_CONTAINS(config_error("", {"dist.timeout_s=9223372036854775807"}),
+                  "dist.timeout_s must be between 1 and 604800, got 9223372036854775807");
   // Infinity passes "at least": refused as what no key takes.
   for (const char* infinite : {"optim:\n  lr: .inf\n", "model:\n  rope_theta: .inf\n"}) {
     EXPECT_CONTAINS(config_error(infinite), "must be a finite number, got inf") << infinite;
@@ -270,6 +273,22 @@ TEST(Config, DataSourcesRoundTripAndBadEntriesAreNamed) {
                   "data.sources entry 1: unknown key wieght");
   EXPECT_CONTAINS(config_error("data:\n  sources: [{name: a, train: t, val: v, weight: lots}]\n"),
                   "weight must be a number, got lots");
+  // A repeated key would be read once, silently: a second weight of 0 once paused a source.
+  EXPECT_CONTAINS(config_error("data:\n  sources:\n    - {name: a, train: t, val: v, weight: 1}\n"
+                               "    - name: b\n      train: u\n      val: w\n      weight: 1\n"
+                               "      weight: 0\n"),
+                  "data.sources entry 2: weight is given twice: keep one");
+  EXPECT_CONTAINS(config_error("", {"data.sources=[{name: a, name: b, train: t, val: v}]"}),
+                  "data.sources entry 1: name is given twice: keep one");
+  // Names and paths go into JSON and YAML files, which hold Unicode text only: a name of other
+  // bytes once failed every checkpoint save and evaluation record with nlohmann's raw text.
+  EXPECT_CONTAINS(config_error("data:\n  sources: [{name: \"web\xFF\", train: t, val: v}]\n"),
+                  "data.sources entry 1: name is not valid UTF-8 (\"web\\xFF\", byte 4)");
+  EXPECT_CONTAINS(config_error("", {"data.sources=[{name: a, train: \"t\xC0\xAF\", val: v}]"}),
+                  "data.sources entry 1: train is not valid UTF-8");
+  EXPECT_CONTAINS(config_error("", {"train.run_dir=runs/\xE9t\xE9"}),
+                  "--set train.run_dir=runs/\xE9t\xE9: train.run_dir is not valid UTF-8 "
+                  "(\"runs/\\xE9t\\xE9\", byte 6)");
   EXPECT_EQ(config_error("data:\n  train: x.bin\n  sources: [" + entry + "]\n"), "")
       << "a config for one corpus takes data.sources over it";
 }

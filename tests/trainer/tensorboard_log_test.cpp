@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "tests/support/test_support.h"
 #include "trainer/report/tensorboard_log.h"
 
@@ -40,6 +41,31 @@ TEST(TensorBoardLog, TensorBoardReadsBackEveryScalarAtItsStep) {
                                    {"train/lr", {{1, static_cast<double>(1e-3F)}}},
                                    {"val/loss", {{300, static_cast<double>(2.75F)}}}};
   EXPECT_EQ(scalars, expected) << scalars.dump();
+}
+
+// What stands where the event files go is said when the log is made, before the first step, with
+// the key that asked for them and what to do, not as std::filesystem's text.
+TEST(TensorBoardLog, SomethingInPlaceOfItsDirectoryIsAUserErrorNamingTheKey) {
+  testing::TemporaryDirectory dir;
+  const auto refusal = [](const std::filesystem::path& directory) -> std::string {
+    try {
+      const TensorBoardLog log(directory);
+    } catch (const UserError& error) {
+      return error.what();
+    }
+    return "";
+  };
+  testing::write_text(dir / "tensorboard", "not a directory");
+  EXPECT_EQ(refusal(dir / "tensorboard"),
+            "train.tensorboard: " + (dir / "tensorboard").string() +
+                " is a file, where TensorBoard's event files go: move it away, or turn "
+                "train.tensorboard off");
+  std::filesystem::create_directory_symlink(dir / "nowhere", dir / "link");
+  EXPECT_CONTAINS(refusal(dir / "link"),
+                  (dir / "link").string() + " is a symbolic link to nothing");
+  EXPECT_CONTAINS(refusal(dir / "tensorboard" / "below"),
+                  "train.tensorboard: cannot write TensorBoard's event files in " +
+                      (dir / "tensorboard" / "below").string());
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ std::string checkpoint_state_json(const CheckpointState& state) {
     }
     json["blend"] = {{"start", progress.blend_start}, {"sources", std::move(sources)}};
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 CheckpointState read_checkpoint_state(const std::filesystem::path& checkpoint) {

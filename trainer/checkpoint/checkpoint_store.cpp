@@ -92,7 +92,8 @@ void CheckpointStore::prepare_for_saving() const {
 }
 
 std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
-                                            const SaveObserver& observe) const {
+                                            const SaveObserver& observe,
+                                            std::optional<int64_t> keep) const {
   const int64_t step = contents.progress.step;
   std::filesystem::path final_path = path_of(step);
   const std::filesystem::path temporary = directory_ / (checkpoint_name(step) + ".tmp");
@@ -106,7 +107,7 @@ std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
     std::filesystem::rename(temporary, final_path);
     fsync_directory(directory_);
     if (observe) observe(SaveMoment::renamed, final_path);
-    write_file_atomically(directory_ / "latest", checkpoint_name(step) + "\n");
+    point_latest_at(step);
   } catch (const std::exception& error) {
     std::error_code ignored;
     remove_tree(temporary, ignored);
@@ -115,8 +116,31 @@ std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
                     "checkpoints are kept",
                     step, error.what()));
   }
-  prune(step, contents.config.train.keep_last, contents.config.train.keep_every);
+  prune(step, contents.config.train.keep_last, contents.config.train.keep_every, keep);
   return final_path;
+}
+
+void CheckpointStore::point_latest_at(int64_t step) const {
+  write_file_atomically(directory_ / "latest", checkpoint_name(step) + "\n");
+}
+
+std::filesystem::path CheckpointStore::set_aside(int64_t step,
+                                                 std::optional<int64_t> instead) const {
+  const bool was_latest = latest_name() == checkpoint_name(step);
+  const std::optional<std::filesystem::path> aside = move_aside(path_of(step), "bad");
+  if (!aside) {
+    throw std::runtime_error(
+        fmt::format("{}: not there, to set aside as bad", path_of(step).string()));
+  }
+  fsync_directory(directory_);
+  if (was_latest) {
+    if (instead) {
+      point_latest_at(*instead);
+    } else {
+      std::filesystem::remove(directory_ / "latest");
+    }
+  }
+  return *aside;
 }
 
 std::vector<int64_t> CheckpointStore::saved_steps() const {
@@ -130,19 +154,29 @@ std::vector<int64_t> CheckpointStore::saved_steps() const {
   return steps;
 }
 
-void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const {
+void CheckpointStore::prune(int64_t saved_step, int64_t keep_last, int64_t keep_every,
+                            std::optional<int64_t> keep) const {
   int64_t kept = 0;
   for (const int64_t step : saved_steps()) {
     if (step > saved_step) continue;
-    if (kept++ < keep_last || (keep_every > 0 && step % keep_every == 0)) continue;
+    if (kept++ < keep_last || (keep_every > 0 && step % keep_every == 0) || step == keep) continue;
     remove_tree(path_of(step));
   }
 }
 
-std::optional<std::filesystem::path> CheckpointStore::latest() const {
+std::optional<std::string> CheckpointStore::latest_name() const {
   const std::filesystem::path marker = directory_ / "latest";
   std::error_code missing;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing))) {
+  if (!std::filesystem::exists(std::filesystem::symlink_status(marker, missing)))
+    return std::nullopt;
+  std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
+std::optional<std::filesystem::path> CheckpointStore::latest() const {
+  const std::optional<std::string> named = latest_name();
+  if (!named) {
     // A save killed between its rename and `latest`, or `latest` deleted: the checkpoints are
     // complete (only a complete one has its final name), and the newest stands in for the marker.
     const std::vector<int64_t> steps = saved_steps();
@@ -150,8 +184,8 @@ std::optional<std::filesystem::path> CheckpointStore::latest() const {
     return path_of(steps.front());
   }
   // Its text is quoted only when it is a checkpoint's name: `latest` may be any file at all.
-  std::string name = read_text_file(marker, "checkpoint pointer", kLatestBytes);
-  if (!name.empty() && name.back() == '\n') name.pop_back();
+  const std::string& name = *named;
+  const std::filesystem::path marker = directory_ / "latest";
   if (!checkpoint_step(name)) {
     throw UserError(fmt::format(
         "{}: does not name a checkpoint (it should hold one line, such as step_00001000): resume "

@@ -26,14 +26,26 @@ class CheckpointStore {
   void prepare_for_saving() const;
 
   // Saves `contents`, points `latest` at the new checkpoint, then keeps the newest keep_last
-  // checkpoints up to it plus every multiple of keep_every (0: none); checkpoints of later steps,
-  // left by a run that was resumed from an earlier one, are not touched; what holds the new
+  // checkpoints up to it plus every multiple of keep_every (0: none) and the checkpoint of step
+  // `keep` (the newest one known good, when the new one is not known so yet); checkpoints of later
+  // steps, left by a run that was resumed from an earlier one, are not touched; what holds the new
   // checkpoint's name is replaced only if it is the same checkpoint, and else moved aside to
   // step_XXXXXXXX.replaced-N. A failed write removes its temporary
   // directory, leaves every saved checkpoint as it was, and throws a runtime error. `observe` is
   // called at each SaveMoment.
-  std::filesystem::path save(const CheckpointContents& contents,
-                             const SaveObserver& observe = {}) const;
+  std::filesystem::path save(const CheckpointContents& contents, const SaveObserver& observe = {},
+                             std::optional<int64_t> keep = std::nullopt) const;
+
+  // The checkpoints of the run, by step: newest first.
+  std::vector<int64_t> saved_steps() const;
+
+  // Moves the checkpoint of `step`, found bad, to step_XXXXXXXX.bad-N, where nothing resumes from
+  // or prunes it, and returns that path; `latest`, where it named that checkpoint, then names
+  // `instead`'s (none: `latest` is removed, and the newest checkpoint stands in for it).
+  std::filesystem::path set_aside(int64_t step, std::optional<int64_t> instead) const;
+
+  // Makes `latest` name the checkpoint of `step`.
+  void point_latest_at(int64_t step) const;
 
   // The checkpoint `latest` names, or without `latest` the newest, if any.
   std::optional<std::filesystem::path> latest() const;
@@ -52,8 +64,9 @@ class CheckpointStore {
  private:
   // Whether RUN_DIR/checkpoints is there; something else in its place is a UserError.
   bool exists() const;
-  std::vector<int64_t> saved_steps() const;  // newest first
-  void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every) const;
+  void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every,
+             std::optional<int64_t> keep) const;
+  std::optional<std::string> latest_name() const;
   std::optional<std::filesystem::path> newest_intact_before(int64_t step) const;
 
   std::filesystem::path directory_;

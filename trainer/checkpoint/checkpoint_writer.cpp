@@ -40,9 +40,10 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
-std::filesystem::path CheckpointWriter::write(const CheckpointContents& contents) const {
+std::filesystem::path CheckpointWriter::write(const CheckpointContents& contents,
+                                              std::optional<int64_t> keep) const {
   const auto start = std::chrono::steady_clock::now();
-  std::filesystem::path path = store_.save(contents, observe_);
+  std::filesystem::path path = store_.save(contents, observe_, keep);
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
   if (in_background_) {
     spdlog::info("checkpoint: {} (written in {:.1f} s while training went on)", path.string(),
@@ -53,15 +54,16 @@ std::filesystem::path CheckpointWriter::write(const CheckpointContents& contents
   return path;
 }
 
-std::optional<std::filesystem::path> CheckpointWriter::save(CheckpointContents contents) {
-  if (!in_background_) return write(contents);
+std::optional<std::filesystem::path> CheckpointWriter::save(CheckpointContents contents,
+                                                            std::optional<int64_t> keep) {
+  if (!in_background_) return write(contents, keep);
   wait();
-  in_flight_ = std::async(std::launch::async, [this, contents = std::move(contents)] {
+  in_flight_ = std::async(std::launch::async, [this, contents = std::move(contents), keep] {
     block_stop_signals();
     // Training comes first: on a CPU the write's copies and checksums need the cores it uses.
     // Linux takes a thread id here, for that thread alone.
     setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kWriterNice);
-    return write(contents);
+    return write(contents, keep);
   });
   return std::nullopt;
 }

@@ -25,9 +25,11 @@ class CheckpointWriter {
   // own copies (checkpoint_contents' host_copy).
   bool in_background() const { return in_background_; }
 
-  // Saves `contents` and logs the checkpoint once it is complete. Here: returns its path. In the
-  // background: returns nothing, once the write before (if any) has ended and this one has begun.
-  std::optional<std::filesystem::path> save(CheckpointContents contents);
+  // Saves `contents` and logs the checkpoint once it is complete; pruning keeps the checkpoint of
+  // step `keep` (CheckpointStore::save). Here: returns its path. In the background: returns
+  // nothing, once the write before (if any) has ended and this one has begun.
+  std::optional<std::filesystem::path> save(CheckpointContents contents,
+                                            std::optional<int64_t> keep = std::nullopt);
 
   // Rethrows the failure of a background write that has ended; returns at once otherwise.
   void check();
@@ -36,7 +38,8 @@ class CheckpointWriter {
   std::optional<std::filesystem::path> wait();
 
  private:
-  std::filesystem::path write(const CheckpointContents& contents) const;
+  std::filesystem::path write(const CheckpointContents& contents,
+                              std::optional<int64_t> keep) const;
 
   const CheckpointStore& store_;
   const bool in_background_;

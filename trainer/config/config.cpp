@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/type_name.h"
+#include "common/utf8_text.h"
 #include "trainer/config/data_sources.h"
 
 namespace mltrain {
@@ -82,6 +83,7 @@ template <class T>
 void check_limits(const T& value, const Limits& limits, const std::string& path,
                   const Origin& origin) {
   if constexpr (std::is_same_v<T, std::string>) {
+    require_utf8(value, fmt::format("{}: {}", origin, path));
     if (!limits.choices.empty() &&
         std::find(limits.choices.begin(), limits.choices.end(), value) == limits.choices.end()) {
       throw UserError(fmt::format("{}: {} must be one of {}, got \"{}\"", origin, path,
@@ -374,6 +376,37 @@ void apply_override(Config& config, const std::string& assignment) {
 // A trillion tokens per step on one rank: thousands of times what any run takes.
 constexpr double kMostTokensPerRankStep = 0x1p40;
 
+// The data paths are saved absolute (with_absolute_data_paths): a relative one taken from a
+// working directory whose name is not UTF-8 would be written into YAML, which holds Unicode text
+// only, as other bytes.
+void check_absolute_paths(const Config& config, const std::string& source) {
+  std::vector<std::pair<std::string, std::string>> paths = {{"model.init_from", config.init_from}};
+  // As with_absolute_data_paths saves them: data.train and data.val beside data.sources are not,
+  // nor is a tokenizer that is not there.
+  if (config.sources.empty()) {
+    paths.emplace_back("data.train", config.data.train);
+    paths.emplace_back("data.val", config.data.val);
+  }
+  if (std::filesystem::exists(config.data.tokenizer))
+    paths.emplace_back("data.tokenizer", config.data.tokenizer);
+  for (size_t i = 0; i < config.sources.size(); ++i) {
+    const std::string entry = fmt::format("data.sources entry {}", i + 1);
+    paths.emplace_back(entry + ": train", config.sources[i].train);
+    paths.emplace_back(entry + ": val", config.sources[i].val);
+  }
+  for (const auto& [key, path] : paths) {
+    if (path.empty() || std::filesystem::path(path).is_absolute()) continue;
+    std::error_code error;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+    if (error || !invalid_utf8_at(absolute.string())) continue;
+    throw UserError(fmt::format(
+        "{}: {} is relative to the working directory {}, whose name is not valid UTF-8: the run "
+        "saves its data paths absolute, in YAML, which holds Unicode text only; give it as an "
+        "absolute path, or start from a directory with a UTF-8 name",
+        source, key, printable_utf8(std::filesystem::current_path(error).string())));
+  }
+}
+
 // Constraints between keys, checked once every value is known.
 void check_consistency(const Config& config, const std::string& source) {
   try {
@@ -442,6 +475,7 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: optim.min_lr ({}) exceeds optim.lr ({})", source,
                                 config.optim.min_lr, config.optim.lr));
   }
+  check_absolute_paths(config, source);
 }
 
 }  // namespace

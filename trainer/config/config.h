@@ -82,7 +82,9 @@ namespace mltrain {
   KEY(S, int64_t, eval_every, 500, "steps between validations", at_least(1))                     \
   KEY(S, int64_t, eval_batches, 20, "validation batches per evaluation (0: all)", at_least(0))   \
   KEY(S, int64_t, ckpt_every, 1000, "steps between checkpoints", at_least(1))                    \
-  KEY(S, int64_t, keep_last, 3, "checkpoints kept on a rolling basis", at_least(1))              \
+  KEY(S, int64_t, keep_last, 3,                                                                  \
+      "checkpoints kept on a rolling basis (and the newest one a later step confirms good)",     \
+      at_least(1))                                                                               \
   KEY(S, int64_t, keep_every, 0,                                                                 \
       "checkpoints at multiples of this step are kept for good (0: none)", at_least(0))          \
   KEY(S, bool, async_checkpoint, false,                                                          \
@@ -94,8 +96,8 @@ namespace mltrain {
       "max_steps)",                                                                              \
       at_least(0))                                                                               \
   KEY(S, int64_t, max_bad_steps, 5,                                                              \
-      "skipped steps in a row (non-finite, or loss spikes) before the run rolls back to its "    \
-      "last checkpoint",                                                                         \
+      "skipped steps in a row (non-finite, or loss spikes) before the run rolls back to a good " \
+      "checkpoint",                                                                              \
       at_least(1))                                                                               \
   KEY(S, double, spike_guard, 2.0,                                                               \
       "skip a step whose loss exceeds this many times the running level of the steps before "    \
@@ -135,8 +137,9 @@ namespace mltrain {
       "1/N of it, gradients are reduce-scattered and the weights all-gathered",                    \
       between(0, 1))                                                                               \
   KEY(S, int64_t, timeout_s, 600,                                                                  \
-      "seconds before a stuck collective is an error naming the ranks behind (RUN_DIR/flight)",    \
-      at_least(1))                                                                                 \
+      "seconds before a stuck collective is an error naming the ranks behind (RUN_DIR/flight); "   \
+      "at most a week, so that its deadlines in milliseconds never overflow",                      \
+      between(1, 604800))                                                                          \
   KEY(S, std::string, rendezvous, "tcp",                                                           \
       "where ranks started without MPI (torchrun, srun) meet: tcp (a store that rank 0 serves at " \
       "MASTER_ADDR:MASTER_PORT, under srun the first node) or file:PATH (a file on a "             \

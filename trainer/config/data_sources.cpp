@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/utf8_text.h"
 
 namespace mltrain {
 namespace {
@@ -20,6 +21,7 @@ std::string text_of(const YAML::Node& entry, const char* key, const std::string&
   if (!value.IsScalar())
     throw UserError(fmt::format("{}: {} must be text, got a YAML {}", where, key,
                                 value.IsMap() ? "mapping" : "sequence"));
+  require_utf8(value.Scalar(), fmt::format("{}: {}", where, key));
   return value.Scalar();
 }
 
@@ -34,10 +36,15 @@ std::vector<DataSource> read_data_sources(const YAML::Node& node, const std::str
     const YAML::Node entry = node[i];
     const std::string where = fmt::format("{}: data.sources entry {}", origin, i + 1);
     if (!entry.IsMap()) throw UserError(fmt::format("{} must be {}", where, kForm));
+    // A key given twice would be read once, silently (YAML parsers keep the first here): refused,
+    // as in every other mapping of the config.
+    std::set<std::string> keys;
     for (const auto& item : entry) {
       const std::string key = item.first.IsScalar() ? item.first.Scalar() : "?";
       if (key != "name" && key != "train" && key != "val" && key != "weight")
         throw UserError(fmt::format("{}: unknown key {} (each source is {})", where, key, kForm));
+      if (!keys.insert(key).second)
+        throw UserError(fmt::format("{}: {} is given twice: keep one", where, key));
     }
     DataSource source;
     source.name = text_of(entry, "name", where);

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "common/error.h"
+#include "common/json_text.h"
 
 namespace mltrain {
 namespace {
@@ -37,7 +38,7 @@ MetricsLog::MetricsLog(const std::filesystem::path& path) : path_(path) {
 
 MetricsLog::~MetricsLog() { ::close(fd_); }
 
-void MetricsLog::write(const nlohmann::json& record) { append(record.dump() + "\n"); }
+void MetricsLog::write(const nlohmann::json& record) { append(json_text(record) + "\n"); }
 
 void MetricsLog::append(const std::string& text) {
   const ssize_t written = ::write(fd_, text.data(), text.size());

@@ -9,8 +9,12 @@
 #include <map>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
+
+#include "common/error.h"
+#include "trainer/report/output_directory.h"
 
 namespace mltrain {
 namespace {
@@ -44,14 +48,43 @@ std::string costliest_operations(const std::vector<profiler::KinetoEvent>& event
   return table;
 }
 
+// Why the trace the profiler was asked to save at `saved` is not now at `trace`, renamed there
+// whole; empty where it is.
+std::string unsaved_reason(const std::filesystem::path& saved, const std::filesystem::path& trace) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(std::filesystem::status(saved, error)))
+    return "the profiler wrote no file; its own message above says why";
+  const uintmax_t bytes = std::filesystem::file_size(saved, error);
+  if (error) return fmt::format("its size could not be read: {}", error.message());
+  if (bytes == 0) {
+    std::filesystem::remove(saved, error);
+    return "the profiler wrote an empty file";
+  }
+  std::filesystem::rename(saved, trace, error);
+  if (error) {
+    return fmt::format("the trace is in {}, which could not be renamed to it: {}", saved.string(),
+                       error.message());
+  }
+  return "";
+}
+
 }  // namespace
 
 StepProfiler::StepProfiler(std::optional<StepRange> steps, std::filesystem::path directory,
                            bool cuda)
     : steps_(steps), directory_(std::move(directory)), cuda_(cuda) {
-  // Made now, before any step: a file in its place stops the run here (exit 2), not after the
-  // steps it would trace.
-  if (steps_) std::filesystem::create_directories(directory_);
+  if (!steps_) return;
+  // Made and checked now, before any step: what would keep the trace from being written stops the
+  // run here (exit 2), not after the steps it would trace.
+  make_output_directory(directory_, "train.profile_steps", "the profiler's traces");
+  std::error_code error;
+  const std::filesystem::path trace = trace_path();
+  if (std::filesystem::exists(std::filesystem::symlink_status(trace, error)) &&
+      !std::filesystem::is_regular_file(std::filesystem::status(trace, error))) {
+    throw UserError(fmt::format(
+        "train.profile_steps: {} is {}, where the trace of steps {} to {} goes: move it away",
+        trace.string(), what_stands_at(trace).value_or("in the way"), steps_->first, steps_->last));
+  }
 }
 
 StepProfiler::~StepProfiler() {
@@ -75,18 +108,35 @@ void StepProfiler::after_step(int64_t step) {
   // The last step's kernels are in the trace only once they have run.
   if (cuda_) c10::cuda::device_synchronize();
   const std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
-  const std::filesystem::path trace =
-      directory_ / fmt::format("steps_{}-{}.json", steps_->first, steps_->last);
-  // A trace is a diagnosis: one that cannot be written (a full disk) is said, and training goes on.
+  const std::filesystem::path trace = trace_path();
+  // A trace is a diagnosis: one that cannot be written (a full disk, its directory gone) is said,
+  // and training goes on. Kineto says a file it could not write only in its own log, and returns
+  // as if it had: the trace is saved beside its final name, checked there, and only then renamed
+  // over it, so that neither a missing trace nor an earlier run's of the same steps is reported as
+  // this one's, and an earlier one is kept where this one fails.
+  const std::filesystem::path saved = trace.string() + ".new";
+  std::error_code ignored;
+  std::filesystem::remove(saved, ignored);
+  std::string failure;
   try {
-    result->save(trace.string());
+    result->save(saved.string());
+    failure = unsaved_reason(saved, trace);
   } catch (const std::exception& error) {
-    spdlog::warn("the profile of steps {} to {} could not be written to {}: {}", steps_->first,
-                 steps_->last, trace.string(), error.what());
+    failure = error.what();
+  }
+  if (!failure.empty()) {
+    spdlog::warn(
+        "train.profile_steps: no trace of steps {} to {} was written to {} ({}); training "
+        "goes on",
+        steps_->first, steps_->last, trace.string(), failure);
     return;
   }
   spdlog::info("profile of steps {} to {}: {} (chrome://tracing or ui.perfetto.dev)\n{}",
                steps_->first, steps_->last, trace.string(), costliest_operations(result->events()));
+}
+
+std::filesystem::path StepProfiler::trace_path() const {
+  return directory_ / fmt::format("steps_{}-{}.json", steps_->first, steps_->last);
 }
 
 }  // namespace mltrain

@@ -13,8 +13,10 @@ namespace mltrain {
 // forward, backward, reduce, optimizer). After the last of them it writes the trace, which
 // chrome://tracing and Perfetto open, to DIRECTORY/steps_FIRST-LAST.json, and logs the operations
 // that took the most time. Without a range it does nothing and costs nothing. The directory is made
-// when the profiler is (a file in its place is a filesystem_error then); a trace that cannot be
-// written is a warning, not the run's end.
+// and checked when the profiler is: something in the way of the trace (a file in the directory's
+// place, a directory in the trace's) or a directory it cannot write in is a UserError naming
+// train.profile_steps then, before the first step. A trace that cannot be written all the same (a
+// full disk) is a warning that says no trace was written, not the run's end.
 class StepProfiler {
  public:
   StepProfiler(std::optional<StepRange> steps, std::filesystem::path directory, bool cuda);
@@ -27,6 +29,8 @@ class StepProfiler {
   void after_step(int64_t step);
 
  private:
+  std::filesystem::path trace_path() const;
+
   std::optional<StepRange> steps_;
   std::filesystem::path directory_;
   bool cuda_;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "trainer/report/output_directory.h"
+
 namespace mltrain {
 namespace {
 
@@ -95,7 +97,7 @@ uint32_t crc32c(const std::string& data) {
 }
 
 TensorBoardLog::TensorBoardLog(const std::filesystem::path& directory) {
-  std::filesystem::create_directories(directory);
+  make_output_directory(directory, "train.tensorboard", "TensorBoard's event files");
   char host[256] = "host";
   ::gethostname(host, sizeof(host) - 1);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(

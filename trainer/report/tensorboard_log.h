@@ -14,8 +14,10 @@ namespace mltrain {
 // CRC-32C of the length, the record, masked CRC-32C of the record) around Event protocol buffers.
 // No Debian package writes these, and the four messages need seven fields, so they are encoded
 // here, as tensorboard's own summary/writer/record_writer.py does in Python. Every write goes to
-// the file before it returns, so TensorBoard shows a run while it goes on. Failures throw
-// std::filesystem::filesystem_error.
+// the file before it returns, so TensorBoard shows a run while it goes on. A DIRECTORY that cannot
+// be (something else in its place) or cannot be written in is a UserError naming
+// train.tensorboard, said when the log is made, before the first step; a file that cannot be made
+// or written there all the same (a full disk) throws std::filesystem::filesystem_error.
 class TensorBoardLog {
  public:
   explicit TensorBoardLog(const std::filesystem::path& directory);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -35,6 +36,7 @@
 #include "trainer/report/metrics_log.h"
 #include "trainer/report/step_profiler.h"
 #include "trainer/report/tensorboard_log.h"
+#include "trainer/run/checkpoint_lineage.h"
 #include "trainer/run/evaluation.h"
 #include "trainer/run/memory_plan.h"
 #include "trainer/run/run_data.h"
@@ -124,16 +126,41 @@ void check_init_from(const std::string& directory, const ModelConfig& model) {
 // The file in RUN_DIR/flight by which the ranks see that they share it.
 constexpr const char* kFlightToken = "run_token";
 
+// Whether `path` is a directory of a run's flight records: its token is in it.
+bool holds_flight_records(const std::filesystem::path& path) {
+  std::error_code error;
+  return std::filesystem::is_directory(std::filesystem::symlink_status(path, error)) &&
+         std::filesystem::is_regular_file(
+             std::filesystem::symlink_status(path / kFlightToken, error));
+}
+
+// Moves what is at `path` aside, saying so: a file of the user's where the run keeps its records.
+void keep_aside(const std::filesystem::path& path) {
+  if (const auto aside = move_aside(path)) {
+    spdlog::warn("{} is not a run's flight records (one of yours?): kept as {}", path.string(),
+                 aside->filename().string());
+  }
+}
+
 // Rank 0's side of opening RUN_DIR/flight: the records of an earlier run that left some move to
-// flight.previous (a run that left none leaves flight.previous to the last that did), and this
-// run's `token` is written.
+// flight.previous, in place of the records there before (a run that left none leaves
+// flight.previous to the last that did), and this run's `token` is written. What stands at either
+// name and is not a directory of records (a user's file) is moved aside, never removed.
 void prepare_flight_directory(const std::filesystem::path& run_dir, const std::string& token) {
   const std::filesystem::path directory = run_dir / "flight";
+  const std::filesystem::path previous = run_dir / "flight.previous";
+  std::error_code error;
+  if (std::filesystem::exists(std::filesystem::symlink_status(directory, error)) &&
+      !std::filesystem::is_directory(std::filesystem::symlink_status(directory, error)))
+    keep_aside(directory);
   std::error_code missing;
   for (const auto& entry : std::filesystem::directory_iterator(directory, missing)) {
     if (entry.path().filename() == kFlightToken) continue;
-    const std::filesystem::path previous = run_dir / "flight.previous";
-    remove_tree(previous);
+    if (holds_flight_records(previous)) {
+      remove_tree(previous);
+    } else {
+      keep_aside(previous);
+    }
     std::filesystem::rename(directory, previous);
     break;
   }
@@ -189,7 +216,12 @@ class TrainingRun {
   std::optional<StepValues> read_steps();
   bool count_skipped_step(int64_t step, const StepValues& values);
   void roll_back(int64_t step, const std::string& bad_steps);
-  void fail_if_nothing_applied_since_rollback();
+  std::vector<int64_t> checkpoints_at_hand() const;
+  std::filesystem::path checkpoint_of(int64_t step) const;
+  void set_aside_bad(const std::vector<int64_t>& bad, std::optional<int64_t> instead);
+  [[noreturn]] void stop_with_no_checkpoint_left(int64_t step, const std::string& bad_steps);
+  std::optional<std::string> name_last_good();
+  void checkpoint_when_due(int64_t step);
   void log_step(const StepResult& result, const StepValues& values);
   void evaluate_now(int64_t step);
   std::optional<std::filesystem::path> save_checkpoint();
@@ -237,12 +269,14 @@ class TrainingRun {
   Clock::time_point unread_since_;  // when the first of the unread steps started
   std::vector<StepResult> unread_;  // steps whose loss and gradient norm the host has not read
   int64_t bad_steps_in_a_row_ = 0;
-  // This run's newest checkpoint (the resumed one, then each saved), where a rollback goes: not
+  // A checkpoint due while steps were skipped waits for the first step applied after them.
+  bool checkpoint_postponed_ = false;
+  // Which of the run's checkpoints are good, and where a rollback goes: the run's own, not
   // `latest`, which may name another run's.
-  std::optional<std::filesystem::path> last_checkpoint_;
-  std::optional<std::filesystem::path> rolled_back_to_;  // by the last rollback, if any
-  std::string write_failure_;           // rank 0's failed background write, until every rank knows
-  bool applied_since_rollback_ = true;  // a step was applied since the last rollback, if any
+  std::optional<CheckpointLineage> lineage_;
+  std::optional<int64_t> resumed_step_;  // the checkpoint the run started from, if any
+  std::filesystem::path resumed_from_;
+  std::string write_failure_;  // rank 0's failed background write, until every rank knows
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -402,7 +436,9 @@ void TrainingRun::build_optimizer() {
 void TrainingRun::restore_state(const std::string& resume) {
   if (const auto resumed = checkpoints_.resume(resume, model_, *optimizer_, config_)) {
     progress_ = *resumed;
-    last_checkpoint_ = resume == "auto" ? checkpoints_.latest() : std::filesystem::path(resume);
+    resumed_from_ = resume == "auto" ? *checkpoints_.latest() : std::filesystem::path(resume);
+    resumed_step_ = progress_.step;
+    lineage_.emplace(progress_.step);
     if (!config_.init_from.empty()) {
       spdlog::info(
           "model.init_from ({}) is not used: a resumed run continues from its checkpoint's "
@@ -414,6 +450,7 @@ void TrainingRun::restore_state(const std::string& resume) {
     // rank 0's weights are broadcast all the same.
     load_init_from(model_, config_.init_from);
   }
+  if (!lineage_) lineage_.emplace(std::nullopt);
   schedule_.emplace(config_.train, progress_.step);
   blend_start_ = resume_blend(sources_, progress_, config_, layout_);
 }
@@ -647,7 +684,8 @@ void TrainingRun::run() {
     if (run_dir_lock_) run_dir_lock_->keep_held();
     note_write_failure();
     const bool stopping = any_rank_asked_to_stop();
-    if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || stopping) {
+    if (schedule_->log_now(step) || schedule_->checkpoint_now(step) || checkpoint_postponed_ ||
+        stopping) {
       const StepResult result = unread_.back();
       const std::optional<StepValues> values = read_steps();
       // After a rollback the step is undone: a stop asked for meanwhile is still asked for, and
@@ -657,18 +695,27 @@ void TrainingRun::run() {
     }
     if (schedule_->evaluate_now(step)) evaluate_now(step);
     if (stopping) {
+      const std::string signal =
+          stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank";
+      if (bad_steps_in_a_row_ > 0) {
+        settle_stop_vote();
+        settle_checkpoint_writes();
+        const std::optional<std::string> good = name_last_good();
+        spdlog::warn(
+            "stopped by {} after step {}, with its last {} steps skipped: not saved (its weights "
+            "may hold the update that made them fail); {}",
+            signal, step, bad_steps_in_a_row_,
+            good ? "the last good checkpoint is " + *good : "no good checkpoint was saved");
+        return;
+      }
       std::optional<std::filesystem::path> path = save_checkpoint();
       settle_stop_vote();
       if (const auto written = settle_checkpoint_writes()) path = written;
       spdlog::info("stopped by {} after step {}; continue with --resume auto (or --resume {})",
-                   stop_requested() != 0 ? strsignal(stop_requested()) : "a signal to another rank",
-                   step, path.value_or("").string());
+                   signal, step, path.value_or("").string());
       return;
     }
-    if (schedule_->checkpoint_now(step)) {
-      if (step == schedule_->last_step()) fail_if_nothing_applied_since_rollback();
-      save_checkpoint();
-    }
+    if (schedule_->checkpoint_now(step) || checkpoint_postponed_) checkpoint_when_due(step);
   }
   settle_stop_vote();
   settle_checkpoint_writes();
@@ -726,7 +773,7 @@ std::optional<StepValues> TrainingRun::read_steps() {
       if (count_skipped_step(steps[i].step, last)) return std::nullopt;
     } else {
       bad_steps_in_a_row_ = 0;
-      applied_since_rollback_ = true;
+      lineage_->applied(steps[i].step);
     }
   }
   return last;
@@ -760,33 +807,23 @@ bool TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
 }
 
 // After train.max_bad_steps skipped steps in a row (`bad_steps` says which), as of step `step`:
-// the weights, the moments and the spike guard's level go back to the last checkpoint, and the
-// run trains on from its step with the samples after those read so far, so that the samples
-// behind the bad steps are not read again (as Megatron and PaLM recover). The samples and tokens
-// read, and the best validation loss, stay as they are: they count what the run did. Every rank
-// does this together (all read the same averaged losses), from the run's own last checkpoint:
-// the one it resumed from or saved last, not `latest`, which may name another run's. The
-// run stops instead where there is no checkpoint to go back to, or where it went back to the same
-// one before, or applied no step since the last rollback: then the settings are bad, not a few
-// samples. A failure to write or to load a checkpoint ends the run on every rank.
+// the weights, the moments and the spike guard's level go back to a good checkpoint, and the run
+// trains on from its step with the samples after those read so far, so that the samples behind
+// the bad steps are not read again (as Megatron and PaLM recover). The samples and tokens read,
+// and the best validation loss, stay as they are: they count what the run did. Every rank does
+// this together (all read the same averaged losses). The checkpoints that hold the weights the
+// skipped steps came from are set aside as bad, and a rollback that comes back to the same
+// trouble goes further back (checkpoint_lineage.h); with nothing left to go back to, the run
+// stops. A failure to write or to load a checkpoint ends the run on every rank.
 void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   // Rank 0's last write ends first; its failure ends every rank. Also the barrier after which
-  // the checkpoint is there for every rank to read.
+  // the checkpoints are there for every rank to read.
   settle_checkpoint_writes();
-  if (!last_checkpoint_) {
-    throw std::runtime_error(fmt::format(
-        "step {}: {}: stopping; there is no checkpoint to roll back to (none was saved yet)", step,
-        bad_steps));
-  }
-  const std::filesystem::path checkpoint = *last_checkpoint_;
-  if (rolled_back_to_ && (!applied_since_rollback_ || *rolled_back_to_ == checkpoint)) {
-    throw std::runtime_error(fmt::format(
-        "step {}: {} again since the rollback to {}, with {}: stopping; the last good checkpoint "
-        "is {}",
-        step, bad_steps, rolled_back_to_->filename().string(),
-        applied_since_rollback_ ? "no checkpoint saved since" : "no step applied",
-        checkpoint.string()));
-  }
+  const CheckpointLineage::Rollback rollback = lineage_->roll_back(checkpoints_at_hand());
+  set_aside_bad(rollback.bad,
+                rollback.target ? rollback.target : lineage_->newest_good(checkpoints_at_hand()));
+  if (!rollback.target) stop_with_no_checkpoint_left(step, bad_steps);
+  const std::filesystem::path checkpoint = checkpoint_of(*rollback.target);
   step_parts_.reset();  // they refer to the loader
   loader_.reset();
   std::optional<TrainingProgress> restored;
@@ -805,9 +842,8 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   progress_.step = restored->step;
   progress_.learning_rate = restored->learning_rate;
   progress_.loss_level = restored->loss_level;
-  rolled_back_to_ = checkpoint;
-  applied_since_rollback_ = false;
   bad_steps_in_a_row_ = 0;
+  checkpoint_postponed_ = false;
   start_data();
   spdlog::warn(
       "step {}: {}: rolled back to {} (step {}); training goes on from there past the {} samples "
@@ -818,20 +854,133 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
                      {"event", "rollback"},
                      {"to_step", progress_.step},
                      {"checkpoint", checkpoint.string()},
+                     {"set_aside", rollback.bad},
                      {"samples_left_out", samples_left_out}});
 }
 
-// A run that reaches its last step with no update applied since its rollback has checkpoints that
-// hold the weights it rolled back to: a failure (exit 1), like bad steps that come back before
-// the next rollback. Checked before the last step's checkpoint, which would make a second
-// --resume auto find nothing to train and exit 0.
-void TrainingRun::fail_if_nothing_applied_since_rollback() {
-  if (!rolled_back_to_ || applied_since_rollback_) return;
-  settle_checkpoint_writes();
+// The checkpoints a rollback may go back to, by step: the store's, and the one the run resumed
+// from, wherever it is. Rank 0's list, which every rank takes (a collective): ranks that listed
+// for themselves could see other lists (a stale network filesystem, a directory they do not
+// share) and go back to other checkpoints, their weights apart from then on.
+std::vector<int64_t> TrainingRun::checkpoints_at_hand() const {
+  std::vector<int64_t> steps;
+  if (leader_) {
+    steps = checkpoints_.saved_steps();
+    std::error_code error;
+    if (resumed_step_ && std::filesystem::is_directory(resumed_from_, error))
+      steps.push_back(*resumed_step_);
+  }
+  const auto count =
+      static_cast<int64_t>(communicator_->all_reduce_sum(static_cast<double>(steps.size())));
+  if (count == 0) return {};
+  at::Tensor shared = leader_ ? at::tensor(steps, at::kLong) : at::zeros({count}, at::kLong);
+  shared = shared.to(device_);
+  communicator_->broadcast(shared, 0);
+  shared = shared.to(at::kCPU);
+  return {shared.data_ptr<int64_t>(), shared.data_ptr<int64_t>() + count};
+}
+
+std::filesystem::path TrainingRun::checkpoint_of(int64_t step) const {
+  std::error_code error;
+  if (step == resumed_step_ && !std::filesystem::is_directory(checkpoints_.path_of(step), error))
+    return resumed_from_;
+  return checkpoints_.path_of(step);
+}
+
+// Rank 0 moves the checkpoints found bad out of the way of every later resume and rollback
+// (the one the run resumed from outside its directory is left where it is); `latest`, where it
+// named one of them, names `instead`. A failure ends every rank.
+void TrainingRun::set_aside_bad(const std::vector<int64_t>& bad, std::optional<int64_t> instead) {
+  std::string failure;
+  if (leader_) {
+    try {
+      for (const int64_t step : bad) {
+        std::error_code error;
+        if (!std::filesystem::is_directory(checkpoints_.path_of(step), error)) continue;
+        const std::filesystem::path aside = checkpoints_.set_aside(step, instead);
+        spdlog::warn(
+            "{} set aside as {}: the steps trained from its weights were skipped (nothing "
+            "resumes from it there)",
+            checkpoints_.path_of(step).string(), aside.filename().string());
+      }
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  }
+  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) {
+    throw std::runtime_error(leader_
+                                 ? fmt::format("setting aside a bad checkpoint failed: {}", failure)
+                                 : "rank 0 could not set aside a bad checkpoint");
+  }
+}
+
+// No checkpoint is left to go back to: none was saved before the skipped steps, or the run went
+// back to each and the trouble came back. Then the settings are at fault, not a few samples: the
+// run stops, and `latest` names its last good checkpoint, where --resume auto goes on once they
+// are fixed.
+void TrainingRun::stop_with_no_checkpoint_left(int64_t step, const std::string& bad_steps) {
+  const std::optional<std::string> good = name_last_good();
+  // Rank 0 has pointed `latest` at it before any rank's error can end the others.
+  communicator_->all_reduce_sum(0.0);
+  std::vector<std::string> tried;
+  for (const int64_t target : lineage_->tried()) tried.push_back(checkpoint_name(target));
+  const std::string again =
+      tried.empty() ? "" : fmt::format(" again after rolling back to {}", fmt::join(tried, ", "));
+  if (!good) {
+    throw std::runtime_error(fmt::format(
+        "step {}: {}{}: stopping; there is no good checkpoint to go back to: {}", step, bad_steps,
+        again,
+        tried.empty() ? "none was saved before the steps that were skipped"
+                      : "no step trained from any checkpoint gone back to was applied (those "
+                        "were set aside as step_XXXXXXXX.bad-N)"));
+  }
   throw std::runtime_error(fmt::format(
-      "no step was applied since the rollback to {}: stopping; the settings are bad, not a few "
-      "samples, and the last good checkpoint is {}",
-      rolled_back_to_->filename().string(), rolled_back_to_->string()));
+      "step {}: {}{}: stopping, with no checkpoint left to go back to; the settings are at fault, "
+      "not a few samples; the last good checkpoint is {} once they are fixed",
+      step, bad_steps, again, *good));
+}
+
+// The run's last good checkpoint, and how to go on from it: rank 0 makes `latest` name it where it
+// is in the run's directory, so that --resume auto goes on from it. Nothing where the run has
+// none.
+std::optional<std::string> TrainingRun::name_last_good() {
+  const std::optional<int64_t> good = lineage_->newest_good(checkpoints_at_hand());
+  if (!good) return std::nullopt;
+  const std::filesystem::path path = checkpoint_of(*good);
+  if (path != checkpoints_.path_of(*good))
+    return fmt::format("{}: continue from it with --resume {}", path.string(), path.string());
+  if (leader_) {
+    try {
+      checkpoints_.point_latest_at(*good);
+    } catch (const std::exception& failure) {
+      spdlog::warn("{} could not be made to name it: {}",
+                   (run_dir_ / "checkpoints" / "latest").string(), failure.what());
+    }
+  }
+  return fmt::format("{}: continue from it with --resume auto", path.string());
+}
+
+// A checkpoint due at `step`, or postponed to it, is saved once steps are applied again: while
+// they are skipped, the weights may hold the update that made them fail. The run's last step has
+// no later step to wait for: skipped steps there roll the run back, as max_bad_steps would.
+void TrainingRun::checkpoint_when_due(int64_t step) {
+  if (bad_steps_in_a_row_ == 0) {
+    checkpoint_postponed_ = false;
+    save_checkpoint();
+    return;
+  }
+  if (step == schedule_->last_step()) {
+    roll_back(step,
+              fmt::format("{} skipped steps in a row at the run's last step", bad_steps_in_a_row_));
+    return;
+  }
+  if (!checkpoint_postponed_) {
+    spdlog::warn(
+        "step {}: the checkpoint waits for the next step that is applied ({} skipped in "
+        "a row)",
+        step, bad_steps_in_a_row_);
+  }
+  checkpoint_postponed_ = true;
 }
 
 void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
@@ -923,14 +1072,15 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
       checkpoint_writer_.wait();  // one host copy at a time: the one before is written first
       path = checkpoint_writer_.save(
           checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
-                              tokenizer_model_, world_.size, checkpoint_writer_.in_background()));
+                              tokenizer_model_, world_.size, checkpoint_writer_.in_background()),
+          lineage_->confirmed());
     } catch (const std::exception& error) {
       failure = error.what();
     }
   }
   // Also the barrier that keeps every rank behind rank 0's save: a failed one ends them all.
   if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
-  last_checkpoint_ = checkpoints_.path_of(progress_.step);
+  lineage_->saved(progress_.step);
   // How long training stopped for the checkpoint: bench/checkpoint_pause.sh reads it.
   if (leader_)
     metrics_->write(
