@@ -26,32 +26,40 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketL
     : parameters_(std::move(parameters)),
       grad_views_(parameters_.size()),
       bucket_of_(parameters_.size()),
+      member_of_(parameters_.size()),
       communicator_(communicator),
       options_(options) {
   check_layout(buckets);
+  if (options_.release_buckets && !options_.scatter)
+    throw std::invalid_argument("GradReducer: only scattered buckets are released");
   at::NoGradGuard no_grad;
   for (BucketLayout& layout : buckets) {
     const size_t b = buckets_.size();
     Bucket bucket;
-    bucket.buffer = at::zeros({layout.elements}, parameters_.at(layout.members.front()).options());
+    const at::TensorOptions options = parameters_.at(layout.members.front()).options();
+    if (!options_.release_buckets) bucket.buffer = at::zeros({layout.elements}, options);
     for (size_t k = 0; k < layout.members.size(); ++k) {
       const size_t i = layout.members[k];
       if (parameters_[i].grad().defined()) {
         throw std::invalid_argument("GradReducer must be set up before the first backward");
       }
-      grad_views_[i] = layout.member_view(bucket.buffer, k, parameters_[i].sizes());
-      parameters_[i].mutable_grad() = grad_views_[i];
+      if (!options_.release_buckets) {
+        grad_views_[i] = layout.member_view(bucket.buffer, k, parameters_[i].sizes());
+        parameters_[i].mutable_grad() = grad_views_[i];
+      }
       bucket_of_[i] = b;
+      member_of_[i] = k;
       torch::autograd::impl::set_post_acc_grad_hooks(
           parameters_[i], std::make_unique<ReadyHook>([this, i] { on_gradient(i); }));
     }
-    if (options_.compress_bf16)
-      bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
+    if (options_.compress_bf16 && !options_.release_buckets)
+      bucket.wire = at::empty({layout.elements}, options.dtype(at::kBFloat16));
     if (options_.scatter) {
-      averaged_parts_.push_back(
-          at::zeros({layout.part_elements(communicator_.size())}, bucket.buffer.options()));
+      averaged_parts_.push_back(at::zeros({layout.part_elements(communicator_.size())}, options));
       if (options_.compress_bf16)
-        bucket.wire_part = at::empty_like(averaged_parts_.back(), bucket.wire.options());
+        bucket.wire_part = at::empty_like(averaged_parts_.back(), options.dtype(at::kBFloat16));
+      else if (options_.release_buckets)
+        bucket.received = at::empty_like(averaged_parts_.back());
     }
     bucket.pending = layout.members.size();
     bucket.layout = std::move(layout);
@@ -89,8 +97,38 @@ GradReducer::~GradReducer() {
 }
 
 void GradReducer::on_gradient(size_t parameter) {
+  if (options_.release_buckets) {
+    take_into_bucket(parameter);
+    mark_ready(parameter);
+    return;
+  }
   keep_in_bucket(parameter);
   if (sync_) mark_ready(parameter);
+}
+
+void GradReducer::set_sync(bool sync) {
+  sync_ = sync;
+  if (options_.release_buckets) flush_released();
+}
+
+// Released: the gradient goes into its bucket, made when the first of its gradients arrives, and
+// the .grad is let go, so that autograd makes the next micro-step's afresh.
+void GradReducer::take_into_bucket(size_t parameter) {
+  std::lock_guard lock(mutex_);
+  at::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[bucket_of_[parameter]];
+  at::Tensor& grad = parameters_[parameter].mutable_grad();
+  if (!bucket.buffer.defined()) {
+    bucket.buffer = at::zeros({bucket.layout.elements}, parameters_[parameter].options());
+    if (options_.compress_bf16)
+      bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
+  }
+  if (grad.defined()) {
+    bucket.layout.member_view(bucket.buffer, member_of_[parameter], parameters_[parameter].sizes())
+        .add_(grad.is_sparse() ? grad.to_dense() : grad);
+  }
+  grad = at::Tensor();
+  received_any_ = true;
 }
 
 void GradReducer::keep_in_bucket(size_t parameter) {
@@ -115,7 +153,59 @@ void GradReducer::mark_ready(size_t parameter) {
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   if (bucket.pending == 0) throw std::logic_error("a gradient arrived twice in one backward");
   --bucket.pending;
-  if (options_.overlap) launch_ready_buckets();
+  if (options_.release_buckets) {
+    launch_ready_buckets();
+    // Without overlap each bucket is reduced at once (an MPI rank advances it only while it
+    // waits); with it, one stays in flight while the next fills. The last ends the micro-step.
+    settle_released(next_to_launch_ == buckets_.size() || !options_.overlap ? 0 : 1);
+    if (next_to_settle_ == buckets_.size()) end_micro_step();
+  } else if (options_.overlap) {
+    launch_ready_buckets();
+  }
+}
+
+// Released: waits for the buckets launched, oldest first, until at most `in_flight` are left;
+// each one's part of the average is added to this rank's, and its whole gradients let go.
+void GradReducer::settle_released(size_t in_flight) {
+  while (next_to_launch_ - next_to_settle_ > in_flight) {
+    const size_t b = next_to_settle_++;
+    Bucket& bucket = buckets_[b];
+    bucket.work->wait();
+    bucket.work.reset();
+    averaged_parts_[b].add_(options_.compress_bf16 ? bucket.wire_part : bucket.received);
+    bucket.buffer = at::Tensor();
+    bucket.wire = at::Tensor();
+  }
+}
+
+void GradReducer::flush_released() {
+  std::lock_guard lock(mutex_);
+  end_micro_step();
+}
+
+// Released, with the mutex held: ends the micro-step. Buckets that backward did not complete (a
+// parameter it did not reach has a zero gradient) are made, reduce-scattered in order and let go,
+// as on every rank; a micro-step in which no gradient arrived at all (before the first backward)
+// sends nothing.
+void GradReducer::end_micro_step() {
+  if (!received_any_ && next_to_launch_ == 0) return;
+  at::NoGradGuard no_grad;
+  while (next_to_launch_ < buckets_.size()) {
+    Bucket& bucket = buckets_[next_to_launch_];
+    if (!bucket.buffer.defined()) {
+      const at::Tensor& averaged = averaged_parts_[next_to_launch_];
+      bucket.buffer = at::zeros({bucket.layout.elements}, averaged.options());
+      if (options_.compress_bf16)
+        bucket.wire = at::empty_like(bucket.buffer, averaged.options().dtype(at::kBFloat16));
+    }
+    launch_next_bucket();
+    settle_released(0);
+  }
+  settle_released(0);
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.layout.members.size();
+  next_to_launch_ = 0;
+  next_to_settle_ = 0;
+  received_any_ = false;
 }
 
 // Launches buckets strictly in order, so that every rank issues the same sequence of collectives
@@ -131,7 +221,9 @@ void GradReducer::launch_next_bucket() {
   if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
   const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
   if (options_.scatter) {
-    const at::Tensor& part = options_.compress_bf16 ? bucket.wire_part : averaged_parts_[b];
+    const at::Tensor& part = options_.compress_bf16     ? bucket.wire_part
+                             : options_.release_buckets ? bucket.received
+                                                        : averaged_parts_[b];
     bucket.work = communicator_.reduce_scatter_average(sent, part, static_cast<int>(b));
   } else {
     bucket.work = communicator_.all_reduce_average(sent, static_cast<int>(b));
@@ -139,6 +231,10 @@ void GradReducer::launch_next_bucket() {
 }
 
 void GradReducer::finish() {
+  if (options_.release_buckets) {
+    flush_released();
+    return;
+  }
   // Parameters that backward did not reach have had no hook to check their .grad.
   for (size_t i = 0; i < parameters_.size(); ++i) keep_in_bucket(i);
   std::lock_guard lock(mutex_);
@@ -166,6 +262,10 @@ void GradReducer::finish() {
 
 void GradReducer::zero_grad() {
   at::NoGradGuard no_grad;
+  if (options_.release_buckets) {
+    for (at::Tensor& part : averaged_parts_) part.zero_();
+    return;
+  }
   for (Bucket& bucket : buckets_) bucket.buffer.zero_();
 }
 

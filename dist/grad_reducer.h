@@ -30,10 +30,21 @@ namespace mltrain {
 // All-reduced, every .grad ends as the average over the ranks. Scattered (ZeRO-1), each bucket is
 // reduce-scattered instead, and each rank receives the average of its own part of each bucket
 // only (averaged_parts()); each .grad keeps its own, unaveraged, gradient.
+//
+// Released (ZeRO-2, scattered), a bucket exists only from the first gradient that backward gives
+// it until it is reduce-scattered: each gradient is copied into its bucket as it arrives and the
+// .grad let go, a complete bucket is reduce-scattered at once (waited for at once without
+// overlap; with it, while the next fills), and its part added to this rank's averaged parts. So
+// every micro-step is reduce-scattered, not only the last (set_sync does not hold it back): the
+// alternative, whole gradients kept until the last micro-step, would hold the whole model's
+// gradients through every backward, which is what stage 2 exists to avoid; the cost is one
+// reduce-scatter per micro-step instead of per step. A rank holds whole gradients of about two
+// buckets at a time.
 struct ReducerOptions {
-  bool overlap = true;         // launch each bucket as soon as its gradients are complete
-  bool compress_bf16 = false;  // buckets travel as bf16 (half the bytes), averaged in bf16
-  bool scatter = false;        // reduce-scatter: each rank receives its part of each bucket
+  bool overlap = true;           // launch each bucket as soon as its gradients are complete
+  bool compress_bf16 = false;    // buckets travel as bf16 (half the bytes), averaged in bf16
+  bool scatter = false;          // reduce-scatter: each rank receives its part of each bucket
+  bool release_buckets = false;  // with scatter: whole gradients only until reduce-scattered
 };
 
 class GradReducer {
@@ -46,18 +57,22 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   // Whether the coming backward communicates: off for the micro-steps of gradient accumulation
-  // before the last one (their gradients only accumulate locally).
-  void set_sync(bool sync) { sync_ = sync; }
+  // before the last one (their gradients only accumulate locally). Released, every micro-step
+  // communicates, and this completes the micro-step before, should backward not have reached
+  // every parameter.
+  void set_sync(bool sync);
 
   // After the last micro-step's backward: waits for every bucket, launching those not yet launched
   // (all of them without overlap) one at a time, and readies the counters for the next step.
   void finish();
 
-  // Zeroes the gradients in place (they must stay views into the buckets).
+  // Zeroes the gradients in place (they must stay views into the buckets); released, this rank's
+  // averaged parts, which add up the micro-steps.
   void zero_grad();
 
-  // Scattered: this rank's part of each bucket's averaged gradient, in the order of the buckets,
-  // once finish() has returned; empty when all-reducing.
+  // Scattered: this rank's part of each bucket's averaged gradient (released: summed over the
+  // step's micro-steps), in the order of the buckets, once finish() has returned; empty when
+  // all-reducing.
   const std::vector<at::Tensor>& averaged_parts() const { return averaged_parts_; }
 
   // How many gradients were found replaced and copied back into their buckets.
@@ -66,10 +81,11 @@ class GradReducer {
  private:
   struct Bucket {
     BucketLayout layout;
-    at::Tensor buffer;     // flat gradients of its parameters
+    at::Tensor buffer;     // flat gradients of its parameters (released: while it is in use)
     size_t pending = 0;    // gradients still to arrive in this backward
     at::Tensor wire;       // bf16 twin reduced in place of buffer, when compressing
     at::Tensor wire_part;  // bf16 twin of this rank's part, when compressing and scattering
+    at::Tensor received;   // released: this rank's part of one micro-step's average
     std::unique_ptr<CollectiveWork> work;
   };
 
@@ -79,16 +95,23 @@ class GradReducer {
   void mark_ready(size_t parameter);
   void launch_ready_buckets();
   void launch_next_bucket();
+  void take_into_bucket(size_t parameter);
+  void settle_released(size_t in_flight);
+  void flush_released();
+  void end_micro_step();
 
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> grad_views_;  // each parameter's gradient within its bucket
   std::vector<size_t> bucket_of_;       // parameter index -> bucket index
+  std::vector<size_t> member_of_;       // parameter index -> its place among its bucket's members
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> averaged_parts_;
   Communicator& communicator_;
   ReducerOptions options_;
   bool sync_ = true;
   size_t next_to_launch_ = 0;
+  size_t next_to_settle_ = 0;  // released: the oldest bucket launched and not yet waited for
+  bool received_any_ = false;  // released: a gradient arrived since the last micro-step ended
   std::atomic<int64_t> copied_in_ = 0;
   std::mutex mutex_;
 };

@@ -1,6 +1,7 @@
 // The scattering reducer and ZeRO-1 across ranks: run by ctest under `mpirun -n 2` and
 // `mpirun -n 3` on the CPU (MPI backend).
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "model/safetensors.h"
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
+#include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/zero1_adamw.h"
@@ -41,6 +43,17 @@ Llama fresh_model() {
 
 const BucketSizes small_buckets{.bucket_mb = 0.02, .first_bucket_mb = 0.01};
 
+// The whole of `bucket`'s averaged gradient, laid out as the bucket lays out its parameters:
+// the gradients of `reference`, which summed every rank's, over the ranks.
+at::Tensor averaged_bucket(const BucketLayout& bucket, const std::vector<at::Tensor>& reference) {
+  at::Tensor averaged = at::zeros({bucket.elements});
+  for (size_t k = 0; k < bucket.members.size(); ++k) {
+    const at::Tensor grad = reference[bucket.members[k]].grad().flatten();
+    averaged.narrow(0, bucket.offsets[k], grad.numel()).copy_(grad / world.size);
+  }
+  return averaged;
+}
+
 // The averaged gradients of each bucket's part, reduce-scattered in fp32, or in bf16 on the wire
 // (to bf16's precision); the parameters untouched.
 TEST(ScatteringReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
@@ -66,12 +79,7 @@ TEST(ScatteringReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
     ASSERT_EQ(reducer.averaged_parts().size(), buckets.size());
     for (size_t b = 0; b < buckets.size(); ++b) {
       const BucketLayout& bucket = buckets[b];
-      // The whole bucket's averaged gradient, laid out as the bucket lays out its parameters.
-      at::Tensor expected = at::zeros({bucket.elements});
-      for (size_t k = 0; k < bucket.members.size(); ++k) {
-        const at::Tensor grad = reference_parameters[bucket.members[k]].grad().flatten();
-        expected.narrow(0, bucket.offsets[k], grad.numel()).copy_(grad / world.size);
-      }
+      const at::Tensor expected = averaged_bucket(bucket, reference_parameters);
       EXPECT_EQ(bucket.elements % world.size, 0);
       const int64_t part = bucket.part_elements(world.size);
       EXPECT_LE(testing::relative_error(reducer.averaged_parts()[b],
@@ -86,6 +94,97 @@ TEST(ScatteringReducer, EachRankReceivesTheAverageOfItsPartOfEveryBucket) {
       EXPECT_EQ(parameters[i].data_ptr(), places[i]) << "parameter " << i;
       EXPECT_TRUE(at::equal(parameters[i], original[i])) << "parameter " << i;
     }
+  }
+}
+
+// Rank `rank`'s windows of micro-step `micro`.
+at::Tensor micro_windows(int rank, int micro) {
+  at::manual_seed(200 + 2 * rank + micro);
+  return at::randint(testing::tiny_config().vocab_size, {2, 17});
+}
+
+// Released buckets (ZeRO-2): every micro-step is reduce-scattered as backward completes each
+// bucket, and each rank's parts add up the micro-steps' averages: the average over the ranks of
+// their gradients summed over the micro-steps, as a scattered reducer receives it after
+// accumulating. Between backwards no whole gradient is left: every .grad let go, and nothing
+// allocated since the reducer was made but its parts (and the buffers they are received in),
+// with and without overlap.
+TEST(ReleasedReducer, EachRankAddsUpItsPartOfEveryMicroStepAndKeepsNoWholeGradient) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  constexpr int kMicroSteps = 2;
+  Llama reference = fresh_model();
+  for (int rank = 0; rank < world.size; ++rank) {
+    for (int micro = 0; micro < kMicroSteps; ++micro)
+      backward_on(reference, micro_windows(rank, micro));
+  }
+  const std::vector<at::Tensor> reference_parameters = reference->parameters();
+
+  for (const bool compress_bf16 : {false, true}) {
+    for (const bool overlap : {false, true}) {
+      SCOPED_TRACE(fmt::format("bf16 {}, overlap {}", compress_bf16, overlap));
+      Llama model = fresh_model();
+      const std::vector<at::Tensor> parameters = model->parameters();
+      const auto communicator = make_communicator(world);
+      const std::vector<BucketLayout> buckets =
+          assign_buckets(parameters, small_buckets, world.size);
+      const testing::CpuAllocationCounter counter;
+      GradReducer reducer(parameters, buckets, *communicator,
+                          {.overlap = overlap,
+                           .compress_bf16 = compress_bf16,
+                           .scatter = true,
+                           .release_buckets = true});
+      for (int micro = 0; micro < kMicroSteps; ++micro) {
+        reducer.set_sync(micro + 1 == kMicroSteps);
+        backward_on(model, micro_windows(world.rank, micro));
+        for (size_t i = 0; i < parameters.size(); ++i)
+          EXPECT_FALSE(parameters[i].grad().defined()) << "parameter " << i << " kept its .grad";
+      }
+      reducer.finish();
+
+      int64_t part_bytes = 0;       // the averaged parts
+      int64_t receiving_bytes = 0;  // and the parts each micro-step's average is received in
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        const BucketLayout& bucket = buckets[b];
+        const at::Tensor expected = averaged_bucket(bucket, reference_parameters);
+        const int64_t part = bucket.part_elements(world.size);
+        EXPECT_LE(testing::relative_error(reducer.averaged_parts()[b],
+                                          expected.narrow(0, part * world.rank, part)),
+                  compress_bf16 ? 1e-2 : 1e-6)
+            << "bucket " << b;
+        part_bytes += 4 * part;
+        receiving_bytes += (compress_bf16 ? 2 : 4) * part;
+      }
+      EXPECT_EQ(counter.allocated_bytes(), part_bytes + receiving_bytes)
+          << "only the parts (and the buffers they are received in) outlive backward";
+      int64_t whole = 0;
+      for (const at::Tensor& parameter : parameters) whole += 4 * parameter.numel();
+      EXPECT_LT(part_bytes, whole) << "the test should shard something";
+    }
+  }
+}
+
+// A parameter that backward does not reach leaves its bucket incomplete: finish() makes it of
+// zeros and reduce-scatters it in its turn, on every rank alike, as a zero gradient.
+TEST(ReleasedReducer, ABucketThatBackwardLeavesIncompleteIsReducedAsZeros) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  const auto communicator = make_communicator(world);
+  const std::vector<at::Tensor> parameters = {at::ones({4 * world.size}).requires_grad_(),
+                                              at::ones({4 * world.size}).requires_grad_()};
+  // A bucket of its own for each.
+  const std::vector<BucketLayout> buckets =
+      assign_buckets(parameters, {.bucket_mb = 1e-6, .first_bucket_mb = 1e-6}, world.size);
+  ASSERT_EQ(buckets.size(), 2u);
+  GradReducer reducer(parameters, buckets, *communicator,
+                      {.overlap = false, .scatter = true, .release_buckets = true});
+  reducer.set_sync(true);
+  (parameters[0] * (world.rank + 1)).sum().backward();  // the second parameter is not reached
+  reducer.finish();
+  const double mean_rank = (world.size + 1) / 2.0;  // the average of rank + 1 over the ranks
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const double expected = buckets[b].members.front() == 0 ? mean_rank : 0.0;
+    EXPECT_TRUE(at::allclose(reducer.averaged_parts()[b],
+                             at::full({4}, expected, reducer.averaged_parts()[b].options())))
+        << "bucket " << b << ": " << reducer.averaged_parts()[b];
   }
 }
 

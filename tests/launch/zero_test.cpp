@@ -78,6 +78,26 @@ std::map<int64_t, double> losses(const std::filesystem::path& run_dir) {
   return by_step;
 }
 
+// 2 and 3 ranks at `zero_stage` end as one rank without sharding ends (its run in dir/one); and 2
+// ranks recomputing each block in backward, whose gradients must reach the sharded reducer's
+// buckets as the stored activations' do. `tolerance`: relative, over the 30 steps.
+void expect_sharded_ranks_train_like_one(const TemporaryDirectory& dir, const std::string& config,
+                                         int zero_stage, double tolerance) {
+  for (const auto& [ranks, more] : {std::pair{2, ""}, std::pair{3, ""},
+                                    std::pair{2, "--set train.activation_checkpointing=true"}}) {
+    const std::string run_dir =
+        (dir / fmt::format("zero{}_{}{}", zero_stage, ranks, *more ? "_recompute" : "")).string();
+    const auto sharded = train(ranks, config, run_dir, zero_stage, more);
+    ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+    const std::string what = fmt::format("{} ranks at stage {} {}", ranks, zero_stage, more);
+    expect_close(final_file(run_dir, "model.safetensors"),
+                 final_file(dir / "one", "model.safetensors"), tolerance, what + ", weights");
+    // The gathered moments are one rank's: the state resumes anywhere.
+    expect_close(final_file(run_dir, "optimizer.safetensors"),
+                 final_file(dir / "one", "optimizer.safetensors"), tolerance, what + ", moments");
+  }
+}
+
 // The optimizer: adamw or muon.
 class ZeroStageOne : public ::testing::TestWithParam<std::string> {};
 
@@ -86,21 +106,7 @@ TEST_P(ZeroStageOne, TwoAndThreeShardedRanksTrainLikeOneRankWithout) {
   const std::string config = write_config(dir, GetParam());
   const auto one = train(1, config, (dir / "one").string(), 0);
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  // 2 and 3 ranks; and 2 ranks recomputing each block in backward, whose gradients must reach the
-  // sharded reducer's buckets as the stored activations' do.
-  for (const auto& [ranks, more] : {std::pair{2, ""}, std::pair{3, ""},
-                                    std::pair{2, "--set train.activation_checkpointing=true"}}) {
-    const std::string run_dir =
-        (dir / fmt::format("zero_{}{}", ranks, *more ? "_recompute" : "")).string();
-    const auto sharded = train(ranks, config, run_dir, 1, more);
-    ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
-    const std::string what = fmt::format("{} sharded ranks {}", ranks, more);
-    expect_close(final_file(run_dir, "model.safetensors"),
-                 final_file(dir / "one", "model.safetensors"), 1e-5, what + ", weights");
-    // The gathered moments are one rank's: the state resumes anywhere.
-    expect_close(final_file(run_dir, "optimizer.safetensors"),
-                 final_file(dir / "one", "optimizer.safetensors"), 1e-5, what + ", moments");
-  }
+  expect_sharded_ranks_train_like_one(dir, config, 1, 1e-5);
 }
 
 TEST_P(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
@@ -132,6 +138,54 @@ TEST_P(ZeroStageOne, ACheckpointOfTwoShardedRanksResumesOnOneRankAndOnThree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroStageOne, ::testing::Values("adamw", "muon"));
+
+// ZeRO-2: each rank keeps its part of the gradients only, every micro-step reduce-scattered (the
+// tiny run takes 2 a step). Its sums of the ranks' averages round otherwise than one rank's sum of
+// the micro-batches, so the 30 steps are held to 2e-5.
+TEST(ZeroStageTwo, TwoAndThreeRanksTrainLikeOneRankWithout) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const auto one = train(1, config, (dir / "one").string(), 0);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_sharded_ranks_train_like_one(dir, config, 2, 2e-5);
+}
+
+// A checkpoint of 2 ranks at stage 2 resumes on 3 ranks at stage 1 and on one rank, and one of 3
+// ranks at stage 1 resumes at stage 2 on 2: the state is saved whole whatever the stage.
+TEST(ZeroStageTwo, ItsCheckpointsResumeAtOtherStagesAndRanks) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const auto unbroken = train(1, config, (dir / "unbroken").string(), 0);
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  struct Resume {
+    std::string name;
+    int ranks_before, stage_before, ranks_after, stage_after;
+  };
+  for (const Resume& resume :
+       {Resume{"two_at_2_on_three_at_1", 2, 2, 3, 1}, Resume{"two_at_2_on_one", 2, 2, 1, 0},
+        Resume{"three_at_1_on_two_at_2", 3, 1, 2, 2}}) {
+    const std::string run_dir = (dir / resume.name).string();
+    const auto first_half =
+        train(resume.ranks_before, config, run_dir, resume.stage_before, "--set train.stop_at=15");
+    ASSERT_EQ(first_half.exit_code, 0) << first_half.output;
+    const auto second_half =
+        train(resume.ranks_after, config, run_dir, resume.stage_after, "--resume auto");
+    ASSERT_EQ(second_half.exit_code, 0) << second_half.output;
+    expect_close(final_file(run_dir, "model.safetensors"),
+                 final_file(dir / "unbroken", "model.safetensors"), 2e-5, resume.name);
+  }
+}
+
+// Muon needs whole matrices: at stage 2 it is refused before anything starts.
+TEST(ZeroStageTwo, MuonIsRefused) {
+  TemporaryDirectory dir;
+  const auto refused = train(2, write_config(dir, "muon"), (dir / "run").string(), 2);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("dist.zero_stage 2 keeps each rank's part of every gradient only"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
+}
 
 }  // namespace
 }  // namespace mltrain

@@ -63,6 +63,9 @@ struct DataParallelOptions {
   bool overlap = true;         // reduce each bucket while backward runs (grad_reducer.h)
   bool compress_bf16 = false;  // gradients travel as bf16
   bool zero1 = false;          // shard the optimizer state over the ranks (ZeRO-1)
+  // With zero1, AdamW's: keep only this rank's part of the gradients too (ZeRO-2), each bucket's
+  // whole gradients only until it is reduce-scattered (grad_reducer.h's released buckets).
+  bool shard_gradients = false;
   AdamWOptions adamw;
   // Muon for the blocks' matrices (muon_optimizer.h), at muon_lr_ratio times AdamW's learning
   // rate; none: AdamW for everything.

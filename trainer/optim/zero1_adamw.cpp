@@ -25,9 +25,11 @@ Zero1AdamW::Zero1AdamW(const NamedParameters& parameters, Communicator& communic
       named_(parameters),
       parameters_(tensors_of(parameters)),
       buckets_(lay_out(parameters_, options.buckets, communicator.size())),
-      reducer_(
-          parameters_, layouts_of(buckets_), communicator,
-          {.overlap = options.overlap, .compress_bf16 = options.compress_bf16, .scatter = true}),
+      reducer_(parameters_, layouts_of(buckets_), communicator,
+               {.overlap = options.overlap,
+                .compress_bf16 = options.compress_bf16,
+                .scatter = true,
+                .release_buckets = options.shard_gradients}),
       update_(options.adamw,
               parameters_.empty() ? c10::Device(c10::kCPU) : parameters_.front().device()) {
   move_into_buckets();

@@ -14,7 +14,9 @@ namespace mltrain {
 // ZeRO-1, as llm.c and DeepSpeed's stage 1 do it: each rank holds AdamW's moments for one N-th of
 // the parameters. One step, in order:
 //   1. reduce_gradients(): the reducer reduce-scatters the gradients, bucket by bucket, so that
-//      each rank receives the average of its own part of each bucket only;
+//      each rank receives the average of its own part of each bucket only (ZeRO-2, with
+//      options.shard_gradients: every micro-step's, as backward completes each bucket, so that a
+//      rank keeps its part of the gradients and never the whole);
 //   2. update(): AdamW updates this rank's part of the weights from it,
 //   3. and all-gathers every rank's updated part to every rank.
 //

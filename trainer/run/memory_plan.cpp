@@ -174,8 +174,31 @@ void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
   plan.working += 4 * (6 * largest + 2 * side * side);
 }
 
+namespace {
+
+// The gradient values held whole at once with the gradients sharded (dist.zero_stage 2): two
+// buckets (one filling while the one before is reduce-scattered) of the largest a bucket takes,
+// dist.bucket_mb or the largest parameter, which is a bucket of its own, and one parameter's
+// gradient as autograd makes it, before it is copied into its bucket.
+double released_buckets(const Config& config) {
+  const ModelConfig& model = config.model;
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  const double largest =
+      count(model.d_model) *
+      count(std::max({model.vocab_size, (model.n_q_heads + 2 * model.n_kv_heads) * model.head_dim,
+                      2 * model.d_ffn}));
+  const double bucket = std::max(config.dist.bucket_mb * 1024 * 1024 / 4, largest);
+  return std::min(2 * bucket + largest, count(model.parameters()));
+}
+
+}  // namespace
+
 bool shards_optimizer(const Config& config, int ranks) {
-  return config.dist.zero_stage == 1 && ranks > 1;
+  return config.dist.zero_stage >= 1 && ranks > 1;
+}
+
+bool shards_gradients(const Config& config, int ranks) {
+  return config.dist.zero_stage == 2 && ranks > 1;
 }
 
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
@@ -195,10 +218,15 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   // And the rotary tables, cos and sin in fp32 for each of model.max_seq_len positions.
   plan.weights =
       4 * values + 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
-  plan.gradients = 4 * values + (plan.sharded ? 4 * part : 0);
+  plan.gradients_sharded = shards_gradients(config, target.ranks);
+  // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets).
+  const double whole = plan.gradients_sharded ? released_buckets(config) : values;
+  plan.gradients = 4 * whole + (plan.sharded ? 4 * part : 0);
+  // Released buckets receive each micro-step's fp32 part in a buffer of its own, to add it up.
+  if (plan.gradients_sharded && config.dist.grad_dtype != "bf16") plan.gradients += 4 * part;
   // dist.grad_dtype bf16: each bucket's bf16 copy on the wire, and its part when sharded.
   if (config.dist.grad_dtype == "bf16" && ranks > 1)
-    plan.gradients += 2 * values + (plan.sharded ? 2 * part : 0);
+    plan.gradients += 2 * whole + (plan.sharded ? 2 * part : 0);
   plan.optimizer_unsharded = 8 * values;
   plan.optimizer_sharded = 8 * part;
 
@@ -236,7 +264,9 @@ std::string describe(const MemoryPlan& plan) {
   line("runtime (libraries, buffers)", plan.runtime, "an estimate");
   line("weights (fp32)", plan.weights, "");
   line("gradients (fp32 buckets)", plan.gradients,
-       plan.sharded ? "and this rank's averaged part" : "");
+       plan.gradients_sharded ? "this rank's averaged part, and the buckets in use"
+       : plan.sharded         ? "and this rank's averaged part"
+                              : "");
   line(plan.muon ? "optimizer state (Muon and AdamW)" : "optimizer state (AdamW moments)",
        plan.optimizer,
        fmt::format("dist.zero_stage 0: {}, 1: {} at {} ranks", gb(plan.optimizer_unsharded),
@@ -277,8 +307,14 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
   checkpointed.train.activation_checkpointing = true;
   Config both = sharded;
   both.train.activation_checkpointing = true;
-  if (!plan.sharded && plan.target.ranks > 1 && fits_with(sharded))
+  Config gradients_sharded = config;
+  gradients_sharded.dist.zero_stage = 2;
+  if (!plan.sharded && plan.target.ranks > 1 && fits_with(sharded)) {
     remedies.push_back("dist.zero_stage=1");
+  } else if (!plan.gradients_sharded && plan.target.ranks > 1 && config.optim.name != "muon" &&
+             fits_with(gradients_sharded)) {
+    remedies.push_back("dist.zero_stage=2");
+  }
   if (!plan.activation_checkpointing && fits_with(checkpointed))
     remedies.push_back("train.activation_checkpointing=true");
   if (remedies.empty() && plan.target.ranks > 1 && fits_with(both))

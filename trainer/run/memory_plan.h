@@ -29,12 +29,15 @@ struct PlanTarget {
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
-  bool sharded = false;  // dist.zero_stage 1
+  bool sharded = false;            // dist.zero_stage 1 or 2: the optimizer state
+  bool gradients_sharded = false;  // dist.zero_stage 2: the gradients too
   bool muon = false;  // optim.name muon: a momentum per block matrix, AdamW's moments of the rest
   bool activation_checkpointing = false;
-  double runtime = 0;    // the libraries, the CUDA context and buffers: an estimate
-  double weights = 0;    // fp32 master weights, and the rotary tables
-  double gradients = 0;  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies
+  double runtime = 0;  // the libraries, the CUDA context and buffers: an estimate
+  double weights = 0;  // fp32 master weights, and the rotary tables
+  // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies; with the gradients
+  // sharded, the part and the buckets in use
+  double gradients = 0;
   double optimizer = 0;  // the optimizer's state (AdamW's two moments) at the configured zero_stage
   double optimizer_unsharded = 0;       // the same at zero_stage 0
   double optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
@@ -81,6 +84,8 @@ double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputeP
 // Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
 // than one rank (one rank has nothing to share the state with).
 bool shards_optimizer(const Config& config, int ranks);
+// Whether it shards its gradients too: dist.zero_stage 2 with more than one rank.
+bool shards_gradients(const Config& config, int ranks);
 
 // The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
 // chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block, the

@@ -417,14 +417,17 @@ void TrainingRun::build_model() {
 // ZeRO-1 the weights move into its buckets) and the communicator.
 void TrainingRun::build_optimizer() {
   const bool sharded = shards_optimizer(config_, world_.size);
-  if (config_.dist.zero_stage == 1 && !sharded)
-    spdlog::info("dist.zero_stage 1 on one rank: nothing to shard, the optimizer runs whole");
+  if (config_.dist.zero_stage >= 1 && !sharded) {
+    spdlog::info("dist.zero_stage {} on one rank: nothing to shard, the optimizer runs whole",
+                 config_.dist.zero_stage);
+  }
   optimizer_ =
       make_optimizer(hf_parameters(model_), *communicator_,
                      {.buckets = {.bucket_mb = config_.dist.bucket_mb},
                       .overlap = overlap_all_reduce(config_.dist.overlap, device_),
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
                       .zero1 = sharded,
+                      .shard_gradients = shards_gradients(config_, world_.size),
                       .adamw = {config_.optim.beta1, config_.optim.beta2, config_.optim.eps,
                                 config_.optim.weight_decay},
                       .muon = muon_options(config_.optim),
@@ -556,7 +559,8 @@ void TrainingRun::announce() {
                    : "AdamW",
                static_cast<double>(optimizer_->state_bytes()) / 1e6,
                shards_optimizer(config_, world_.size)
-                   ? fmt::format(" (dist.zero_stage 1: its part of {} ranks')", world_.size)
+                   ? fmt::format(" (dist.zero_stage {}: its part of {} ranks')",
+                                 config_.dist.zero_stage, world_.size)
                    : "");
   announce_sources();
   if (document_start_) announce_document_masking();
