@@ -3,8 +3,15 @@
 #include <c10/util/accumulate.h>
 
 #include <stdexcept>
+#include <utility>
 
 namespace mltrain {
+namespace {
+
+// `elements` rounded up to a multiple of `parts`.
+int64_t padded(int64_t elements, int parts) { return (elements + parts - 1) / parts * parts; }
+
+}  // namespace
 
 at::Tensor BucketLayout::member_view(const at::Tensor& bucket, size_t k,
                                      at::IntArrayRef sizes) const {
@@ -32,9 +39,25 @@ std::vector<BucketLayout> assign_buckets(const std::vector<at::Tensor>& tensors,
     filled += bytes;
   }
   if (buckets.back().members.empty()) return {};  // no tensors
-  for (BucketLayout& bucket : buckets)
-    bucket.elements = (bucket.elements + parts - 1) / parts * parts;
+  for (BucketLayout& bucket : buckets) bucket.elements = padded(bucket.elements, parts);
   return buckets;
+}
+
+std::vector<BucketLayout> lay_out_units(const std::vector<at::Tensor>& tensors,
+                                        const std::vector<std::vector<size_t>>& units, int parts) {
+  if (parts < 1) throw std::invalid_argument("lay_out_units: parts must be at least 1");
+  std::vector<BucketLayout> layouts;
+  for (const std::vector<size_t>& unit : units) {
+    BucketLayout layout;
+    for (const size_t i : unit) {
+      layout.members.push_back(i);
+      layout.offsets.push_back(layout.elements);
+      layout.elements += tensors.at(i).numel();
+    }
+    layout.elements = padded(layout.elements, parts);
+    layouts.push_back(std::move(layout));
+  }
+  return layouts;
 }
 
 }  // namespace mltrain

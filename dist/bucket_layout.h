@@ -35,4 +35,9 @@ struct BucketSizes {
 std::vector<BucketLayout> assign_buckets(const std::vector<at::Tensor>& tensors, BucketSizes sizes,
                                          int parts = 1);
 
+// One bucket per unit of ZeRO-3 (unit_shards.h): `units` lists the indices into `tensors` of each
+// unit's members, in order. Each bucket's length is padded to a multiple of `parts`.
+std::vector<BucketLayout> lay_out_units(const std::vector<at::Tensor>& tensors,
+                                        const std::vector<std::vector<size_t>>& units, int parts);
+
 }  // namespace mltrain

@@ -153,6 +153,8 @@ void GradReducer::mark_ready(size_t parameter) {
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   if (bucket.pending == 0) throw std::logic_error("a gradient arrived twice in one backward");
   --bucket.pending;
+  if (bucket.pending == 0 && options_.on_bucket_complete)
+    options_.on_bucket_complete(bucket_of_[parameter]);
   if (options_.release_buckets) {
     launch_ready_buckets();
     // Without overlap each bucket is reduced at once (an MPI rank advances it only while it

@@ -4,6 +4,7 @@
 #include <c10/core/Device.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,10 @@ struct ReducerOptions {
   bool compress_bf16 = false;    // buckets travel as bf16 (half the bytes), averaged in bf16
   bool scatter = false;          // reduce-scatter: each rank receives its part of each bucket
   bool release_buckets = false;  // with scatter: whole gradients only until reduce-scattered
+  // Called with a bucket's index once backward has given every gradient of it (ZeRO-3 frees the
+  // unit's weights then: nothing in backward reads them after its gradients are in), with the
+  // reducer's mutex held and before the bucket is launched: it must not call into the reducer.
+  std::function<void(size_t bucket)> on_bucket_complete = nullptr;
 };
 
 class GradReducer {

@@ -88,10 +88,25 @@ void LlamaImpl::init_weights() {
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
-  return at::linear(hidden_states(tokens, start_pos, cache), output_weight());
+  return head(trunk(tokens, start_pos, cache),
+              [&](const at::Tensor& normed) { return at::linear(normed, output_weight()); });
 }
 
 at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
+  return head(trunk(tokens, start_pos, cache), [](const at::Tensor& normed) { return normed; });
+}
+
+at::Tensor LlamaImpl::forward_packed(const at::Tensor& tokens, const PackedDocuments& documents) {
+  return head(trunk_packed(tokens, documents),
+              [&](const at::Tensor& normed) { return at::linear(normed, output_weight()); });
+}
+
+at::Tensor LlamaImpl::hidden_states_packed(const at::Tensor& tokens,
+                                           const PackedDocuments& documents) {
+  return head(trunk_packed(tokens, documents), [](const at::Tensor& normed) { return normed; });
+}
+
+at::Tensor LlamaImpl::trunk(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
   const int64_t length = tokens.size(1);
   const bool padded = cache != nullptr && cache->padded();
   const int64_t last_position =
@@ -101,12 +116,7 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens, int64_t start_pos,
   return run_blocks(tokens, cos, sin, start_pos, cache, nullptr);
 }
 
-at::Tensor LlamaImpl::forward_packed(const at::Tensor& tokens, const PackedDocuments& documents) {
-  return at::linear(hidden_states_packed(tokens, documents), output_weight());
-}
-
-at::Tensor LlamaImpl::hidden_states_packed(const at::Tensor& tokens,
-                                           const PackedDocuments& documents) {
+at::Tensor LlamaImpl::trunk_packed(const at::Tensor& tokens, const PackedDocuments& documents) {
   TORCH_CHECK(documents.positions.sizes() == tokens.sizes(), "documents of positions ",
               documents.positions.sizes(), " do not match tokens ", tokens.sizes());
   // A document may fill the window: its last position is the window's last.
@@ -139,7 +149,7 @@ void LlamaImpl::check_positions(int64_t start_pos, int64_t first, int64_t last) 
 at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos,
                                  const at::Tensor& sin, int64_t start_pos, KVCache* cache,
                                  const std::shared_ptr<const DocumentAttention>& documents) {
-  at::Tensor h = token_embeddings(tokens);
+  at::Tensor h = in_unit(0, [&] { return token_embeddings(tokens); });
   // Checkpointed, a block keeps only its input for backward, which runs it again: the
   // activations of one block are held at a time instead of those of every layer. Only where there
   // is a backward to feed (grad mode), and never with a cache, which the block appends to.
@@ -148,34 +158,53 @@ at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos
   for (size_t layer = 0; layer < layers.size(); ++layer) {
     Block& block = layers[layer];
     const auto index = static_cast<int64_t>(layer);
-    if (recompute) {
+    h = in_unit(1 + layer, [&] {
+      if (!recompute) return block(h, cos, sin, start_pos, cache, index, documents.get());
       // Called again in backward, after this function has returned: holds the block, the
       // rotary tables (no gradient) and the document attention by value.
       const auto run_block = [block = block.ptr(), cos, sin, start_pos, index,
                               documents](const at::Tensor& x) {
         return block->forward(x, cos, sin, start_pos, nullptr, index, documents.get());
       };
-      h = checkpointed(run_block, h, block->parameters());
-    } else {
-      h = block(h, cos, sin, start_pos, cache, index, documents.get());
-    }
+      return checkpointed(run_block, h, block->parameters());
+    });
   }
-  return norm(h);
+  return h;
+}
+
+at::Tensor LlamaImpl::head(const at::Tensor& h,
+                           const std::function<at::Tensor(const at::Tensor&)>& project) {
+  return in_unit(layers.size() + 1, [&] { return project(norm(h)); });
+}
+
+at::Tensor LlamaImpl::in_unit(size_t position, const std::function<at::Tensor()>& run) {
+  if (!unit_hooks_) return run();
+  unit_hooks_->before_forward(position);
+  return unit_hooks_->after_forward(position, run());
+}
+
+UnitParameters LlamaImpl::unit_parameters() const {
+  UnitParameters units = {{token_embeddings->weight}};
+  for (const Block& block : layers) units.push_back(block->parameters());
+  units.push_back({norm->weight, output_weight()});
+  return units;
 }
 
 at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets,
                            const PackedDocuments* documents) {
   const at::Tensor h =
-      documents != nullptr ? hidden_states_packed(tokens, *documents) : hidden_states(tokens);
-  if (kernels_ == Kernels::fused_cpu && h.device().is_cpu()) {
-    return linear_cross_entropy(h.flatten(0, 1), output_weight(), targets.flatten());
-  }
-  const at::Tensor logits = at::linear(h, output_weight());
-  if (runs_fused_cuda(kernels_, logits)) {
-    return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                              /*gradient_overwrites_logits=*/true);
-  }
-  return next_token_loss(logits, targets);
+      documents != nullptr ? trunk_packed(tokens, *documents) : trunk(tokens, 0, nullptr);
+  return head(h, [&](const at::Tensor& normed) {
+    if (kernels_ == Kernels::fused_cpu && normed.device().is_cpu()) {
+      return linear_cross_entropy(normed.flatten(0, 1), output_weight(), targets.flatten());
+    }
+    const at::Tensor logits = at::linear(normed, output_weight());
+    if (runs_fused_cuda(kernels_, logits)) {
+      return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                /*gradient_overwrites_logits=*/true);
+    }
+    return next_token_loss(logits, targets);
+  });
 }
 
 const at::Tensor& LlamaImpl::output_weight() const {

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "model/model_config.h"
 #include "model/rms_norm.h"
 #include "model/rotary.h"
+#include "model/unit_hooks.h"
 
 namespace mltrain {
 
@@ -86,6 +88,14 @@ class LlamaImpl : public torch::nn::Module {
   void set_activation_checkpointing(bool enabled) { activation_checkpointing_ = enabled; }
   bool activation_checkpointing() const { return activation_checkpointing_; }
 
+  // The units sharding runs the model in (unit_hooks.h): the embedding, each block, and the head
+  // (the final norm and the output projection), with the parameters each reads.
+  UnitParameters unit_parameters() const;
+  // The hooks every forward calls around each unit from now on; none (the default) runs the
+  // model without.
+  void set_unit_hooks(std::shared_ptr<UnitHooks> hooks) { unit_hooks_ = std::move(hooks); }
+  bool has_unit_hooks() const { return unit_hooks_ != nullptr; }
+
   const ModelConfig& config() const { return config_; }
   Kernels kernels() const { return kernels_; }
   int64_t num_parameters() const;
@@ -101,14 +111,26 @@ class LlamaImpl : public torch::nn::Module {
   // A UserError unless start_pos >= 0 and positions first..last fit model.max_seq_len.
   void check_positions(int64_t start_pos, int64_t first, int64_t last) const;
 
-  // The blocks and the final norm over the embedded tokens, at the positions the tables give.
+  // The embedding and the blocks over tokens at [start_pos, start_pos + T), or packed with
+  // documents: the final norm's input.
+  at::Tensor trunk(const at::Tensor& tokens, int64_t start_pos, KVCache* cache);
+  at::Tensor trunk_packed(const at::Tensor& tokens, const PackedDocuments& documents);
+
+  // The embedded tokens through the blocks, at the positions the tables give.
   at::Tensor run_blocks(const at::Tensor& tokens, const at::Tensor& cos, const at::Tensor& sin,
                         int64_t start_pos, KVCache* cache,
                         const std::shared_ptr<const DocumentAttention>& documents);
 
+  // The head unit: `project` of the final norm of the trunk's output h.
+  at::Tensor head(const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& project);
+
+  // run(), as unit `position`, between the unit hooks when there are any.
+  at::Tensor in_unit(size_t position, const std::function<at::Tensor()>& run);
+
   ModelConfig config_;
   Kernels kernels_;
   bool activation_checkpointing_ = false;
+  std::shared_ptr<UnitHooks> unit_hooks_;
 };
 TORCH_MODULE(Llama);
 

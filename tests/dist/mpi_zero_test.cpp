@@ -1,4 +1,4 @@
-// The scattering reducer and ZeRO-1 across ranks: run by ctest under `mpirun -n 2` and
+// The scattering reducer, ZeRO-1 and ZeRO-3 across ranks: run by ctest under `mpirun -n 2` and
 // `mpirun -n 3` on the CPU (MPI backend).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -19,6 +19,7 @@
 #include "tests/support/test_support.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/zero1_adamw.h"
+#include "trainer/optim/zero3_adamw.h"
 #include "trainer/run/memory_plan.h"
 
 namespace mltrain {
@@ -307,6 +308,101 @@ TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart
   if (world.rank == 0) {
     ASSERT_EQ(again.size(), state.size());
     for (const auto& [name, tensor] : state) EXPECT_TRUE(at::equal(again.at(name), tensor)) << name;
+  }
+}
+
+// ZeRO-3 with its own model, whose units it runs, as a run holds them.
+struct FullyShardedRun {
+  explicit FullyShardedRun(const ModelConfig& config = testing::tiny_config())
+      : model([&] {
+          at::manual_seed(7);
+          return Llama(config, Kernels::fused_cpu);
+        }()) {
+    model->set_unit_hooks(optimizer.unit_hooks());
+    optimizer.shard_weights();
+  }
+
+  Llama model;
+  std::unique_ptr<Communicator> communicator = make_communicator(world);
+  Zero3AdamW optimizer{hf_parameters(model), model->unit_parameters(), *communicator, {}};
+};
+
+// Between steps a rank holds its part of every unit and no whole unit; the parts add up to the
+// model, up to each unit's padding.
+TEST(Zero3AdamW, EachRankHoldsItsPartOfTheWeightsAndNoWholeUnitBetweenSteps) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  FullyShardedRun run;
+  const UnitShards& shards = run.optimizer.shards();
+  EXPECT_EQ(shards.whole_units(), 0);
+  // The tied embedding and the final norm are one unit, the first; each block one more.
+  ASSERT_EQ(shards.units(), static_cast<size_t>(1 + testing::tiny_config().n_layers));
+  int64_t part_values = 0;
+  for (size_t u = 0; u < shards.units(); ++u) part_values += shards.part(u).numel();
+  const int64_t values = run.model->num_parameters();
+  EXPECT_GE(part_values * world.size, values);
+  EXPECT_LT(part_values * world.size, values + static_cast<int64_t>(shards.units()) * world.size);
+  EXPECT_EQ(run.communicator->all_reduce_sum(static_cast<double>(part_values)),
+            static_cast<double>(world.size * part_values));
+  // The moments are the parts' size too.
+  EXPECT_EQ(run.optimizer.state_bytes(), 8 * part_values + 4);
+  // The memory plan's weights are the parts and the units whole at once in a step (the tied
+  // embedding's and two blocks'), up to the padding, besides the rotary tables.
+  Config config;
+  config.model = testing::tiny_config();
+  config.dist.zero_stage = 3;
+  const MemoryPlan plan = plan_memory(config, {.ranks = world.size, .device_memory = std::nullopt});
+  EXPECT_TRUE(plan.weights_sharded);
+  const double rotary = 8.0 * static_cast<double>(config.model.max_seq_len * config.model.head_dim);
+  const int64_t whole_at_once = shards.layout(0).elements + 2 * shards.layout(1).elements;
+  EXPECT_NEAR(plan.weights - rotary, 4.0 * static_cast<double>(part_values + whole_at_once),
+              4.0 * static_cast<double>(shards.units() * world.size));
+}
+
+// The model's unit hooks, seen from outside: after each position's before_forward, whether the
+// next position's unit is on its way, and the units whole at once.
+class WatchedHooks : public UnitHooks {
+ public:
+  WatchedHooks(std::shared_ptr<UnitHooks> hooks, const UnitShards& shards)
+      : hooks_(std::move(hooks)), shards_(shards) {}
+  void before_forward(size_t position) override {
+    hooks_->before_forward(position);
+    // Positions 0 .. n-1 of the embedding and n blocks: the next is block position + 1's unit.
+    if (position + 1 < shards_.units()) next_on_its_way_.push_back(shards_.gathering(position + 1));
+  }
+  at::Tensor after_forward(size_t position, const at::Tensor& output) override {
+    return hooks_->after_forward(position, output);
+  }
+  std::vector<bool> next_on_its_way_;
+
+ private:
+  std::shared_ptr<UnitHooks> hooks_;
+  const UnitShards& shards_;
+};
+
+// Prefetch: while a block runs forward, the next block's all-gather is in flight (started before
+// the block computes, waited for when the next one begins). At most two units are whole at once
+// besides the tied embedding's, in forward and in backward, with and without recomputation.
+TEST(UnitShards, TheNextUnitIsGatheredWhileOneRunsAndAtMostTwoBlocksAreWhole) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  ModelConfig config = testing::tiny_config();
+  config.n_layers = 5;
+  for (const bool recompute : {false, true}) {
+    FullyShardedRun run(config);
+    UnitShards& shards = run.optimizer.shards();
+    const auto watched = std::make_shared<WatchedHooks>(run.optimizer.unit_hooks(), shards);
+    run.model->set_unit_hooks(watched);
+    run.model->set_activation_checkpointing(recompute);
+    shards.reset_most_whole_units();
+    run.optimizer.set_sync(true);
+    backward_on(run.model, windows_of(world.rank));
+    EXPECT_EQ(shards.whole_units(), 0) << "every unit freed once backward is over";
+    run.optimizer.reduce_gradients();
+    EXPECT_LE(shards.most_whole_units(), 3) << "the embedding's unit and two blocks";
+    EXPECT_GE(shards.most_whole_units(), 2);
+    ASSERT_EQ(watched->next_on_its_way_.size(), shards.units() - 1);
+    for (size_t p = 0; p < watched->next_on_its_way_.size(); ++p)
+      EXPECT_TRUE(watched->next_on_its_way_[p]) << "position " << p << ", recompute " << recompute;
+    run.optimizer.update(1e-2, at::zeros({}));
   }
 }
 

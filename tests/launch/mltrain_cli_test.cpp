@@ -219,7 +219,7 @@ TEST(MltrainCli, BadConfigKeyIsOneLineAndExitTwo) {
 
 TEST(MltrainCli, BadValuesOfTheMemoryKeysAreOneLineAndExitTwo) {
   for (const auto& [assignment, message] :
-       {std::pair{"dist.zero_stage=3", "dist.zero_stage must be between 0 and 2, got 3"},
+       {std::pair{"dist.zero_stage=4", "dist.zero_stage must be between 0 and 3, got 4"},
         std::pair{"train.activation_checkpointing=often",
                   "train.activation_checkpointing expects true or false, got \"often\""},
         std::pair{"train.check_memory=maybe",

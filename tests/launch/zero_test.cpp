@@ -1,6 +1,7 @@
-// ZeRO-1 (dist.zero_stage 1) as a user runs it: mltrain under mpirun on 2 and 3 CPU ranks against
-// one rank without sharding, and its checkpoints resumed on other numbers of ranks, sharded or not;
-// with AdamW (sharded by element) and with Muon (its matrices sharded whole).
+// ZeRO-1, 2 and 3 (dist.zero_stage) as a user runs them: mltrain under mpirun on 2 and 3 CPU ranks
+// against one rank without sharding, and their checkpoints resumed on other numbers of ranks,
+// sharded or not; at stage 1 with AdamW (sharded by element) and with Muon (its matrices sharded
+// whole).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -98,6 +99,35 @@ void expect_sharded_ranks_train_like_one(const TemporaryDirectory& dir, const st
   }
 }
 
+// A run stopped at step 15 and resumed with other ranks and another stage.
+struct Resume {
+  std::string name;
+  int ranks_before, stage_before, ranks_after, stage_after;
+};
+
+// Each of `resumes` ends its 30 steps with the weights and the moments of an unbroken run of one
+// rank, within 2e-5 (the stages that reduce-scatter every micro-step round otherwise).
+void expect_resumes_like_an_unbroken_run(const std::vector<Resume>& resumes) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const auto unbroken = train(1, config, (dir / "unbroken").string(), 0);
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  for (const Resume& resume : resumes) {
+    const std::string run_dir = (dir / resume.name).string();
+    const auto first_half =
+        train(resume.ranks_before, config, run_dir, resume.stage_before, "--set train.stop_at=15");
+    ASSERT_EQ(first_half.exit_code, 0) << first_half.output;
+    const auto second_half =
+        train(resume.ranks_after, config, run_dir, resume.stage_after, "--resume auto");
+    ASSERT_EQ(second_half.exit_code, 0) << second_half.output;
+    expect_close(final_file(run_dir, "model.safetensors"),
+                 final_file(dir / "unbroken", "model.safetensors"), 2e-5, resume.name);
+    expect_close(final_file(run_dir, "optimizer.safetensors"),
+                 final_file(dir / "unbroken", "optimizer.safetensors"), 2e-5,
+                 resume.name + ", moments");
+  }
+}
+
 // The optimizer: adamw or muon.
 class ZeroStageOne : public ::testing::TestWithParam<std::string> {};
 
@@ -153,38 +183,56 @@ TEST(ZeroStageTwo, TwoAndThreeRanksTrainLikeOneRankWithout) {
 // A checkpoint of 2 ranks at stage 2 resumes on 3 ranks at stage 1 and on one rank, and one of 3
 // ranks at stage 1 resumes at stage 2 on 2: the state is saved whole whatever the stage.
 TEST(ZeroStageTwo, ItsCheckpointsResumeAtOtherStagesAndRanks) {
+  expect_resumes_like_an_unbroken_run({Resume{"two_at_2_on_three_at_1", 2, 2, 3, 1},
+                                       Resume{"two_at_2_on_one", 2, 2, 1, 0},
+                                       Resume{"three_at_1_on_two_at_2", 3, 1, 2, 2}});
+}
+
+// Muon needs whole matrices: at stages 2 and 3 it is refused before anything starts.
+TEST(ZeroStageTwo, MuonIsRefusedAtStagesTwoAndThree) {
   TemporaryDirectory dir;
-  const std::string config = write_config(dir, "adamw");
-  const auto unbroken = train(1, config, (dir / "unbroken").string(), 0);
-  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
-  struct Resume {
-    std::string name;
-    int ranks_before, stage_before, ranks_after, stage_after;
-  };
-  for (const Resume& resume :
-       {Resume{"two_at_2_on_three_at_1", 2, 2, 3, 1}, Resume{"two_at_2_on_one", 2, 2, 1, 0},
-        Resume{"three_at_1_on_two_at_2", 3, 1, 2, 2}}) {
-    const std::string run_dir = (dir / resume.name).string();
-    const auto first_half =
-        train(resume.ranks_before, config, run_dir, resume.stage_before, "--set train.stop_at=15");
-    ASSERT_EQ(first_half.exit_code, 0) << first_half.output;
-    const auto second_half =
-        train(resume.ranks_after, config, run_dir, resume.stage_after, "--resume auto");
-    ASSERT_EQ(second_half.exit_code, 0) << second_half.output;
-    expect_close(final_file(run_dir, "model.safetensors"),
-                 final_file(dir / "unbroken", "model.safetensors"), 2e-5, resume.name);
+  for (const int stage : {2, 3}) {
+    const std::filesystem::path run_dir = dir / fmt::format("run{}", stage);
+    const auto refused = train(2, write_config(dir, "muon"), run_dir.string(), stage);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find(fmt::format(
+                  "dist.zero_stage {} keeps each rank's part of every gradient only", stage)),
+              std::string::npos)
+        << refused.output;
+    EXPECT_FALSE(std::filesystem::exists(run_dir / "checkpoints"));
   }
 }
 
-// Muon needs whole matrices: at stage 2 it is refused before anything starts.
-TEST(ZeroStageTwo, MuonIsRefused) {
+// ZeRO-3: the weights sharded too, each unit gathered before its forward and its backward. The
+// gradients are reduce-scattered every micro-step, as at stage 2: 2e-5 over the 30 steps.
+TEST(ZeroStageThree, TwoAndThreeRanksTrainLikeOneRankWithout) {
   TemporaryDirectory dir;
-  const auto refused = train(2, write_config(dir, "muon"), (dir / "run").string(), 2);
-  EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("dist.zero_stage 2 keeps each rank's part of every gradient only"),
-            std::string::npos)
-      << refused.output;
-  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "checkpoints"));
+  const std::string config = write_config(dir, "adamw");
+  const auto one = train(1, config, (dir / "one").string(), 0);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_sharded_ranks_train_like_one(dir, config, 3, 2e-5);
+}
+
+// Untied embeddings make the head a unit of its own, apart from the embedding's.
+TEST(ZeroStageThree, UntiedEmbeddingsTrainLikeOneRankWithout) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const std::string untied = "--set model.tie_word_embeddings=false";
+  const auto one = train(1, config, (dir / "one").string(), 0, untied);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto sharded = train(2, config, (dir / "two").string(), 3, untied);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  expect_close(final_file(dir / "two", "model.safetensors"),
+               final_file(dir / "one", "model.safetensors"), 2e-5, "untied, 2 ranks at stage 3");
+}
+
+// A checkpoint of 2 ranks at stage 3 resumes on one rank at stage 0 and on 3 ranks at stage 1,
+// and one of 3 ranks at stage 1 resumes at stage 3 on 2: the weights and the state are saved
+// whole whatever the stage.
+TEST(ZeroStageThree, ItsCheckpointsResumeAtOtherStagesAndRanks) {
+  expect_resumes_like_an_unbroken_run({Resume{"two_at_3_on_one", 2, 3, 1, 0},
+                                       Resume{"two_at_3_on_three_at_1", 2, 3, 3, 1},
+                                       Resume{"three_at_1_on_two_at_3", 3, 1, 2, 3}});
 }
 
 }  // namespace

@@ -475,12 +475,12 @@ void check_consistency(const Config& config, const std::string& source) {
     throw UserError(fmt::format("{}: optim.min_lr ({}) exceeds optim.lr ({})", source,
                                 config.optim.min_lr, config.optim.lr));
   }
-  if (config.dist.zero_stage == 2 && config.optim.name == "muon") {
+  if (config.dist.zero_stage >= 2 && config.optim.name == "muon") {
     throw UserError(fmt::format(
-        "{}: dist.zero_stage 2 keeps each rank's part of every gradient only, and Muon "
+        "{}: dist.zero_stage {} keeps each rank's part of every gradient only, and Muon "
         "orthogonalises whole matrices: with optim.name muon use dist.zero_stage 1, which shards "
         "its state by matrix",
-        source));
+        source, config.dist.zero_stage));
   }
   check_absolute_paths(config, source);
 }

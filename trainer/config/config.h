@@ -136,8 +136,10 @@ namespace mltrain {
       "0: every rank holds the whole optimizer state; 1 (ZeRO-1): each rank holds and updates "    \
       "1/N of it, gradients are reduce-scattered and the weights all-gathered; 2 (ZeRO-2): as 1, " \
       "and each rank keeps only its 1/N of the gradients, every micro-step reduce-scattered as "   \
-      "backward completes each bucket (AdamW only)",                                               \
-      between(0, 2))                                                                               \
+      "backward completes each bucket (AdamW only); 3 (ZeRO-3): as 2, and each rank keeps only "   \
+      "its 1/N of the weights, each block's (and the embedding's and the head's) all-gathered "    \
+      "just before it runs forward or backward and freed after (AdamW only)",                      \
+      between(0, 3))                                                                               \
   KEY(S, int64_t, timeout_s, 600,                                                                  \
       "seconds before a stuck collective is an error naming the ranks behind (RUN_DIR/flight); "   \
       "at most a week, so that its deadlines in milliseconds never overflow",                      \

@@ -10,6 +10,7 @@
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
+#include "model/unit_hooks.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/muon.h"
 
@@ -25,8 +26,9 @@ struct ReducedGradients {
 // A data-parallel rank's optimizer, used in the order of a training step (run/train_step.h):
 // each micro-step's backward, with set_sync(true) before the last one; reduce_gradients(); the
 // caller clips what it returns (clipping.h); update(). Implementations: AdamW on every rank with
-// all-reduced gradients (replicated_adamw.h), AdamW under ZeRO-1 (zero1_adamw.h), and Muon with
-// AdamW, replicated or sharded by matrix (muon_optimizer.h).
+// all-reduced gradients (replicated_adamw.h), AdamW under ZeRO-1 and ZeRO-2 (zero1_adamw.h) and
+// ZeRO-3 (zero3_adamw.h), and Muon with AdamW, replicated or sharded by matrix
+// (muon_optimizer.h).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -56,6 +58,31 @@ class Optimizer {
 
   // The bytes of optimizer state this rank holds.
   virtual int64_t state_bytes() const = 0;
+
+  // ZeRO-3's (zero3_adamw.h), which holds each rank's part of the weights only, whole only while
+  // a unit of the model runs: the hooks the model calls around its units (model/unit_hooks.h), or
+  // none where the weights are always whole.
+  virtual std::shared_ptr<UnitHooks> unit_hooks() { return nullptr; }
+  // Every parameter whole on every rank (a collective), and kept so until shard_weights(), which
+  // takes each rank's part from what they then hold (a load may have written into them): around
+  // what reads or writes the whole model between steps. Nothing where the weights are whole.
+  virtual void make_weights_whole() {}
+  virtual void shard_weights() {}
+};
+
+// The whole weights for as long as it lives (Optimizer::make_weights_whole), then each rank's
+// part of them again.
+class WholeWeights {
+ public:
+  explicit WholeWeights(Optimizer& optimizer) : optimizer_(optimizer) {
+    optimizer_.make_weights_whole();
+  }
+  ~WholeWeights();
+  WholeWeights(const WholeWeights&) = delete;
+  WholeWeights& operator=(const WholeWeights&) = delete;
+
+ private:
+  Optimizer& optimizer_;
 };
 
 struct DataParallelOptions {
@@ -66,6 +93,8 @@ struct DataParallelOptions {
   // With zero1, AdamW's: keep only this rank's part of the gradients too (ZeRO-2), each bucket's
   // whole gradients only until it is reduce-scattered (grad_reducer.h's released buckets).
   bool shard_gradients = false;
+  // AdamW's: shard the weights too (ZeRO-3), by the model's units (make_optimizer's `units`).
+  bool shard_weights = false;
   AdamWOptions adamw;
   // Muon for the blocks' matrices (muon_optimizer.h), at muon_lr_ratio times AdamW's learning
   // rate; none: AdamW for everything.
@@ -73,9 +102,11 @@ struct DataParallelOptions {
   double muon_lr_ratio = 1.0;
 };
 
-// The optimizer of `parameters` (a model's, by name) on the ranks of `communicator`.
+// The optimizer of `parameters` (a model's, by name) on the ranks of `communicator`; `units`, the
+// parameters of each of the model's units, only with options.shard_weights.
 std::unique_ptr<Optimizer> make_optimizer(const NamedParameters& parameters,
                                           Communicator& communicator,
-                                          const DataParallelOptions& options);
+                                          const DataParallelOptions& options,
+                                          const UnitParameters& units = {});
 
 }  // namespace mltrain

@@ -8,6 +8,7 @@
 #include "dist/grad_reducer.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/optim/parts_adamw.h"
 
 namespace mltrain {
 
@@ -22,13 +23,8 @@ namespace mltrain {
 //
 // For 3 to need no copies, the parameters live in flat buckets of the reducer's layout: each
 // parameter becomes a view into its bucket (set_data), keeping its identity for the model, autograd
-// and the checkpoints. A bucket is padded with zeros to a multiple of the ranks.
-//
-// A part of a bucket can begin or end inside a parameter, and can hold matrices and vectors alike:
-// it is cut at the parameters' edges into pieces, each of one parameter, and each piece goes to
-// the AdamW group of its parameter, so that weight decay falls on matrices only, exactly as
-// without sharding. AdamW works elementwise, so the update of each piece equals the update of
-// those elements of the whole parameter.
+// and the checkpoints. A bucket is padded with zeros to a multiple of the ranks. AdamW updates
+// this rank's part of each bucket in place (parts_adamw.h).
 class Zero1AdamW : public Optimizer {
  public:
   Zero1AdamW(const NamedParameters& parameters, Communicator& communicator,
@@ -37,47 +33,33 @@ class Zero1AdamW : public Optimizer {
   void set_sync(bool last_micro_step) override { reducer_.set_sync(last_micro_step); }
   ReducedGradients reduce_gradients() override;
   void update(double lr, const at::Tensor& skip) override;
-  // Each bucket's moments are all-gathered on the device, one bucket at a time, and rank 0 keeps
-  // them on the CPU: the state as one rank would hold it.
-  OptimizerState state() const override;
+  // The state as one rank would hold it, on rank 0 (parts_adamw.h).
+  OptimizerState state() const override { return adamw_.state(); }
   // Each rank takes its part of the whole state.
-  void load_state(const OptimizerState& saved, const std::string& source) override;
-  int64_t state_bytes() const override;
+  void load_state(const OptimizerState& saved, const std::string& source) override {
+    adamw_.load_state(saved, source);
+  }
+  int64_t state_bytes() const override { return adamw_.state_bytes(); }
 
   // This rank's part of each bucket, in the order of the buckets (for the tests and the plan).
-  struct Part {
-    int64_t begin = 0;     // its first element in the bucket
-    at::Tensor weights;    // this rank's part of the bucket's weights
-    at::Tensor gradients;  // the average of the part's gradients, after reduce_gradients()
-    at::Tensor exp_avg;    // AdamW's moments of the part
-    at::Tensor exp_avg_sq;
-  };
-  const std::vector<Part>& parts() const { return parts_; }
+  using Part = PartsAdamW::Part;
+  const std::vector<Part>& parts() const { return adamw_.parts(); }
 
  private:
   struct Bucket {
     BucketLayout layout;
     at::Tensor weights;  // the whole bucket's weights: every parameter of it is a view here
   };
-  static std::vector<Bucket> lay_out(const std::vector<at::Tensor>& parameters, BucketSizes sizes,
-                                     int ranks);
-  const NamedParameter& member(const Bucket& bucket, size_t k) const {
-    return named_[bucket.layout.members[k]];
-  }
-  void move_into_buckets();
-  void add_pieces_to_update(const Bucket& bucket, const Part& part);
-  at::Tensor gather_bucket(const Bucket& bucket, const Part& part, const at::Tensor& values) const;
+  static std::vector<Bucket> move_into_buckets(const std::vector<at::Tensor>& parameters,
+                                               BucketSizes sizes, int ranks);
+  std::vector<PartsAdamW::Part> parts_of_buckets() const;
   void check_parameters_in_buckets() const;
 
   Communicator& communicator_;
-  NamedParameters named_;
-  std::vector<at::Tensor> parameters_;  // named_'s tensors
+  std::vector<at::Tensor> parameters_;
   std::vector<Bucket> buckets_;
   GradReducer reducer_;  // the gradients' side: the same layout, reduce-scattered
-  std::vector<Part> parts_;
-  AdamWUpdate update_;
-  std::vector<at::Tensor> decayed_grads_;  // the pieces' gradients, in the order of add()
-  std::vector<at::Tensor> other_grads_;
+  PartsAdamW adamw_;
   bool reduced_ = false;  // reduce_gradients() ran since the last update()
 };
 

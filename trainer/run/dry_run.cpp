@@ -18,6 +18,8 @@ namespace {
 // The plan; where it does not fit, what would make it fit, returned for the dry run's verdict.
 std::string report(const MemoryPlan& plan, const Config& config) {
   spdlog::info("{}", describe(plan));
+  if (const std::string stages = describe_stages(config, plan.target); !stages.empty())
+    spdlog::info("{}", stages);
   return memory_shortfall(plan, config);
 }
 

@@ -176,6 +176,14 @@ void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
 
 namespace {
 
+// The values of the model's largest parameter: the embedding, or a fused projection.
+double largest_parameter(const ModelConfig& model) {
+  return static_cast<double>(model.d_model) *
+         static_cast<double>(
+             std::max({model.vocab_size, (model.n_q_heads + 2 * model.n_kv_heads) * model.head_dim,
+                       2 * model.d_ffn}));
+}
+
 // The gradient values held whole at once with the gradients sharded (dist.zero_stage 2): two
 // buckets (one filling while the one before is reduce-scattered) of the largest a bucket takes,
 // dist.bucket_mb or the largest parameter, which is a bucket of its own, and one parameter's
@@ -183,12 +191,22 @@ namespace {
 double released_buckets(const Config& config) {
   const ModelConfig& model = config.model;
   const auto count = [](int64_t value) { return static_cast<double>(value); };
-  const double largest =
-      count(model.d_model) *
-      count(std::max({model.vocab_size, (model.n_q_heads + 2 * model.n_kv_heads) * model.head_dim,
-                      2 * model.d_ffn}));
+  const double largest = largest_parameter(model);
   const double bucket = std::max(config.dist.bucket_mb * 1024 * 1024 / 4, largest);
   return std::min(2 * bucket + largest, count(model.parameters()));
+}
+
+// The values of ZeRO-3's units whole at once (zero3_adamw.h): the unit running and the next one
+// on its way, two consecutive units of embedding, blocks and head; with tied embeddings, the
+// embedding's unit (which holds the final norm too) whole through the step, as the first unit and
+// the last, and two blocks.
+double whole_unit_values(const ModelConfig& model) {
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  const double embedding = count(model.vocab_size) * count(model.d_model);
+  const double block = count(model.block_parameters());
+  if (model.tie_word_embeddings) return embedding + count(model.d_model) + 2 * block;
+  const double head = embedding + count(model.d_model);
+  return model.n_layers == 0 ? embedding + head : block + std::max({embedding, block, head});
 }
 
 }  // namespace
@@ -198,7 +216,11 @@ bool shards_optimizer(const Config& config, int ranks) {
 }
 
 bool shards_gradients(const Config& config, int ranks) {
-  return config.dist.zero_stage == 2 && ranks > 1;
+  return config.dist.zero_stage >= 2 && ranks > 1;
+}
+
+bool shards_weights(const Config& config, int ranks) {
+  return config.dist.zero_stage == 3 && ranks > 1;
 }
 
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
@@ -215,12 +237,24 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   // out here.
   const double part = std::ceil(values / ranks);
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
-  // And the rotary tables, cos and sin in fp32 for each of model.max_seq_len positions.
-  plan.weights =
-      4 * values + 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
+  plan.weights_sharded = shards_weights(config, target.ranks);
+  // Sharded, this rank's part of every unit and the units whole at once; and the rotary tables,
+  // cos and sin in fp32 for each of model.max_seq_len positions.
+  const double whole_units = std::min(whole_unit_values(model), values);
+  plan.weights = (plan.weights_sharded ? 4 * part + 4 * whole_units : 4 * values) +
+                 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
+  // Saving and evaluating hold every unit whole beside the parts; evaluating under bf16 autocast,
+  // a bf16 cast of every weight too, kept for all its batches.
+  if (plan.weights_sharded)
+    plan.whole_between_steps = 4 * (values - whole_units) + (target.bf16 ? 2 * values : 0);
   plan.gradients_sharded = shards_gradients(config, target.ranks);
-  // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets).
-  const double whole = plan.gradients_sharded ? released_buckets(config) : values;
+  // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;
+  // with the weights sharded, the buckets are the units whole at once, and one parameter's
+  // gradient as autograd makes it).
+  const double whole = !plan.gradients_sharded ? values
+                       : plan.weights_sharded
+                           ? std::min(whole_units + largest_parameter(model), values)
+                           : released_buckets(config);
   plan.gradients = 4 * whole + (plan.sharded ? 4 * part : 0);
   // Released buckets receive each micro-step's fp32 part in a buffer of its own, to add it up.
   if (plan.gradients_sharded && config.dist.grad_dtype != "bf16") plan.gradients += 4 * part;
@@ -262,7 +296,8 @@ std::string describe(const MemoryPlan& plan) {
     text += row + "\n";
   };
   line("runtime (libraries, buffers)", plan.runtime, "an estimate");
-  line("weights (fp32)", plan.weights, "");
+  line("weights (fp32)", plan.weights,
+       plan.weights_sharded ? "this rank's part, and the units whole at once" : "");
   line("gradients (fp32 buckets)", plan.gradients,
        plan.gradients_sharded ? "this rank's averaged part, and the buckets in use"
        : plan.sharded         ? "and this rank's averaged part"
@@ -275,6 +310,10 @@ std::string describe(const MemoryPlan& plan) {
        fmt::format("train.activation_checkpointing false: {}, true: {}",
                    gb(plan.activations_kept_all), gb(plan.activations_checkpointed)));
   line("working (casts, logits, recompute)", plan.working, "");
+  if (plan.weights_sharded) {
+    line("whole weights between steps", plan.whole_between_steps,
+         "saving and evaluating gather every unit, in place of the activations and working");
+  }
   if (plan.target.device_memory) {
     line("total", plan.total(),
          fmt::format("of {} per rank: {}", gb(*plan.target.device_memory),
@@ -309,11 +348,16 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
   both.train.activation_checkpointing = true;
   Config gradients_sharded = config;
   gradients_sharded.dist.zero_stage = 2;
+  Config weights_sharded = config;
+  weights_sharded.dist.zero_stage = 3;
   if (!plan.sharded && plan.target.ranks > 1 && fits_with(sharded)) {
     remedies.push_back("dist.zero_stage=1");
   } else if (!plan.gradients_sharded && plan.target.ranks > 1 && config.optim.name != "muon" &&
              fits_with(gradients_sharded)) {
     remedies.push_back("dist.zero_stage=2");
+  } else if (!plan.weights_sharded && plan.target.ranks > 1 && config.optim.name != "muon" &&
+             fits_with(weights_sharded)) {
+    remedies.push_back("dist.zero_stage=3");
   }
   if (!plan.activation_checkpointing && fits_with(checkpointed))
     remedies.push_back("train.activation_checkpointing=true");
@@ -332,9 +376,32 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
   return fmt::format(
       "the memory plan needs {} per rank but a rank has {}: {} (see --dry-run for the plan)",
       gb(plan.total()), gb(*plan.target.device_memory),
-      remedies.empty() ? std::string("nothing in the config makes it fit: more ranks with "
-                                     "dist.zero_stage=1, or a smaller model")
+      remedies.empty() ? fmt::format("nothing in the config makes it fit: more ranks with "
+                                     "dist.zero_stage={}, or a smaller model",
+                                     config.optim.name == "muon" ? 1 : 3)
                        : "it would fit with " + fmt::format("{}", fmt::join(remedies, ", or ")));
+}
+
+std::string describe_stages(const Config& config, const PlanTarget& target) {
+  if (target.ranks < 2 || !target.device_memory) return "";
+  std::string text = fmt::format("dist.zero_stage per rank of {} ranks of {}:", target.ranks,
+                                 gb(*target.device_memory));
+  std::optional<int64_t> lowest;
+  for (int64_t stage = 0; stage <= 3; ++stage) {
+    if (stage >= 2 && config.optim.name == "muon") {
+      text += fmt::format(" {}: not with Muon;", stage);
+      continue;
+    }
+    Config staged = config;
+    staged.dist.zero_stage = stage;
+    const MemoryPlan plan = plan_memory(staged, target);
+    text += fmt::format(" {}: {} ({});", stage, gb(plan.total()),
+                        plan.fits() ? "fits" : "does not fit");
+    if (plan.fits() && !lowest) lowest = stage;
+  }
+  text.pop_back();
+  return text + (lowest ? fmt::format(". The lowest that fits: dist.zero_stage={}", *lowest)
+                        : std::string(". None fits"));
 }
 
 }  // namespace mltrain

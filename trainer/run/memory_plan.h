@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,12 +30,15 @@ struct PlanTarget {
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
-  bool sharded = false;            // dist.zero_stage 1 or 2: the optimizer state
-  bool gradients_sharded = false;  // dist.zero_stage 2: the gradients too
+  bool sharded = false;            // dist.zero_stage 1, 2 or 3: the optimizer state
+  bool gradients_sharded = false;  // dist.zero_stage 2 or 3: the gradients too
+  bool weights_sharded = false;    // dist.zero_stage 3: the weights too
   bool muon = false;  // optim.name muon: a momentum per block matrix, AdamW's moments of the rest
   bool activation_checkpointing = false;
   double runtime = 0;  // the libraries, the CUDA context and buffers: an estimate
-  double weights = 0;  // fp32 master weights, and the rotary tables
+  // fp32 master weights (sharded: this rank's part and the units whole at once), and the rotary
+  // tables
+  double weights = 0;
   // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies; with the gradients
   // sharded, the part and the buckets in use
   double gradients = 0;
@@ -50,7 +54,15 @@ struct MemoryPlan {
   double checkpoint_host = 0;
   bool async_checkpoint = false;  // train.async_checkpoint
 
-  double total() const { return runtime + weights + gradients + optimizer + activations + working; }
+  // Sharded weights (dist.zero_stage 3): the whole weights, which saving and evaluating gather on
+  // every rank between steps beside the parts (and evaluation's bf16 casts of them), when no
+  // activation is held.
+  double whole_between_steps = 0;
+
+  double total() const {
+    return runtime + weights + gradients + optimizer +
+           std::max(activations + working, whole_between_steps);
+  }
   bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
 };
 
@@ -84,8 +96,10 @@ double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputeP
 // Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
 // than one rank (one rank has nothing to share the state with).
 bool shards_optimizer(const Config& config, int ranks);
-// Whether it shards its gradients too: dist.zero_stage 2 with more than one rank.
+// Whether it shards its gradients too: dist.zero_stage 2 or 3 with more than one rank.
 bool shards_gradients(const Config& config, int ranks);
+// Whether it shards its weights too: dist.zero_stage 3 with more than one rank.
+bool shards_weights(const Config& config, int ranks);
 
 // The most a step holds besides the activations: the weights' bf16 casts, the loss's buffers (the
 // chunked loss's weight gradient, or the gradients of the whole logits), a recomputed block, the
@@ -99,6 +113,10 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target);
 // The plan as a table for the log: each part, with and without ZeRO-1 and checkpointing, the
 // total against the device's memory.
 std::string describe(const MemoryPlan& plan);
+
+// What the plan gives at each dist.zero_stage on `target`, whether each fits, and the lowest that
+// does (the least communication); empty for one rank or a device of unknown memory.
+std::string describe_stages(const Config& config, const PlanTarget& target);
 
 // Why the plan does not fit its device's memory, and what would make it fit: ZeRO-1, activation
 // checkpointing, a smaller micro-batch with more accumulation; empty when it fits.

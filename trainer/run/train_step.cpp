@@ -100,11 +100,13 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   // Loss and backward of each micro-batch. The gradients accumulate; the last backward also
   // averages them over the ranks, as far as it can while it runs. Under bf16 autocast the weights
   // are cast once for all the micro-batches, except with activation checkpointing, which keeps
-  // the casts of one block at a time to save memory (the memory plan counts on that).
+  // the casts of one block at a time to save memory (the memory plan counts on that), and under
+  // ZeRO-3, whose units are whole only while they run: each forward casts the units it gathers,
+  // and no cast outlives its micro-batch.
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   {
     std::optional<WeightCastCache> casts;
-    if (!parts.model->activation_checkpointing()) casts.emplace();
+    if (!parts.model->activation_checkpointing() && !parts.model->has_unit_hooks()) casts.emplace();
     for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
       parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
       const DeviceWindows windows = next_windows(parts, step);

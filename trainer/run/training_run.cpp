@@ -317,6 +317,9 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   build_optimizer();
   restore_state(resume);
   agree_across_ranks();
+  // Under ZeRO-3 each rank keeps its part of the weights from here on: what was loaded into them
+  // and broadcast is every rank's.
+  optimizer_->shard_weights();
   start_data();
   open_outputs();
 }
@@ -414,7 +417,8 @@ void TrainingRun::build_model() {
 }
 
 // Needs the model on its device (the optimizer's state and buckets live beside the weights; under
-// ZeRO-1 the weights move into its buckets) and the communicator.
+// ZeRO-1 the weights move into its buckets, under ZeRO-3 into its units, whose hooks the model
+// then calls) and the communicator.
 void TrainingRun::build_optimizer() {
   const bool sharded = shards_optimizer(config_, world_.size);
   if (config_.dist.zero_stage >= 1 && !sharded) {
@@ -428,10 +432,13 @@ void TrainingRun::build_optimizer() {
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
                       .zero1 = sharded,
                       .shard_gradients = shards_gradients(config_, world_.size),
+                      .shard_weights = shards_weights(config_, world_.size),
                       .adamw = {config_.optim.beta1, config_.optim.beta2, config_.optim.eps,
                                 config_.optim.weight_decay},
                       .muon = muon_options(config_.optim),
-                      .muon_lr_ratio = muon_lr_ratio(config_.optim)});
+                      .muon_lr_ratio = muon_lr_ratio(config_.optim)},
+                     model_->unit_parameters());
+  model_->set_unit_hooks(optimizer_->unit_hooks());
 }
 
 // Needs the model and the optimizer: a checkpoint fills both and says where the run is; a fresh
@@ -832,6 +839,8 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   loader_.reset();
   std::optional<TrainingProgress> restored;
   std::string load_failure;
+  // Gathering is a collective: a failure of it ends the run as any collective's does.
+  const WholeWeights whole(*optimizer_);
   try {
     restored = checkpoints_.resume(checkpoint.string(), model_, *optimizer_, config_);
   } catch (const std::exception& error) {
@@ -1034,9 +1043,13 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
 }
 
 void TrainingRun::evaluate_now(int64_t step) {
-  const SourcesEvaluation evaluated =
-      evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
-                       precision_.bf16, *communicator_, document_start_);
+  // Whole under ZeRO-3, as the ranks may evaluate different numbers of batches, and a unit's
+  // all-gather needs them all.
+  const SourcesEvaluation evaluated = [&] {
+    const WholeWeights whole(*optimizer_);
+    return evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
+                            precision_.bf16, *communicator_, document_start_);
+  }();
   const Evaluation& evaluation = evaluated.mean;
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
   spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens{}", step, evaluation.loss,
@@ -1061,6 +1074,7 @@ void TrainingRun::evaluate_now(int64_t step) {
 // as data parallelism promises. Returns the checkpoint once it is written here (rank 0's).
 std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   const Clock::time_point start = Clock::now();
+  const WholeWeights whole(*optimizer_);
   if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));

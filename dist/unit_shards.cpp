@@ -1,0 +1,198 @@
+#include "dist/unit_shards.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+namespace mltrain {
+namespace {
+
+// The storage under `tensor`, shared with every view of it (the parameters).
+c10::StorageImpl& storage_of(const at::Tensor& tensor) {
+  return *tensor.storage().unsafeGetStorageImpl();
+}
+
+}  // namespace
+
+UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLayout> units,
+                       std::vector<size_t> order, Communicator& communicator)
+    : parameters_(std::move(parameters)), order_(std::move(order)), communicator_(communicator) {
+  for (const size_t unit : order_)
+    if (unit >= units.size()) throw std::invalid_argument("UnitShards: a position of no unit");
+  at::NoGradGuard no_grad;
+  const int ranks = communicator_.size();
+  for (BucketLayout& layout : units) {
+    if (layout.members.empty() || layout.elements % ranks != 0)
+      throw std::invalid_argument("UnitShards: a unit without members, or not cut into parts");
+    Unit unit;
+    const at::TensorOptions options = parameters_.at(layout.members.front()).options();
+    unit.whole = at::zeros({layout.elements}, options);
+    for (size_t k = 0; k < layout.members.size(); ++k) {
+      at::Tensor& parameter = parameters_.at(layout.members[k]);
+      const at::Tensor place = layout.member_view(unit.whole, k, parameter.sizes());
+      place.copy_(parameter);
+      parameter.set_data(place);
+    }
+    const int64_t elements = layout.part_elements(ranks);
+    unit.part = unit.whole.narrow(0, communicator_.rank() * elements, elements).clone();
+    unit.has_bytes = true;
+    unit.layout = std::move(layout);
+    units_.push_back(std::move(unit));
+  }
+  most_whole_ = whole_units();
+}
+
+UnitShards::~UnitShards() {
+  // A gather in flight writes into its unit's storage: it lands before the storage goes.
+  for (Unit& unit : units_) {
+    if (unit.gathering) unit.gathering->wait();
+  }
+}
+
+int64_t UnitShards::part_begin(size_t unit) const {
+  return communicator_.rank() * units_.at(unit).layout.part_elements(communicator_.size());
+}
+
+// Gives the unit's whole tensor its bytes again, puts this rank's part in place and starts the
+// all-gather of the others'. Nothing when it is whole or on its way already.
+void UnitShards::gather(size_t index) {
+  Unit& unit = units_[index];
+  if (unit.has_bytes) return;
+  c10::StorageImpl& storage = storage_of(unit.whole);
+  const size_t bytes = unit.whole.numel() * unit.whole.element_size();
+  // The device's allocator now, rather than the one the storage was made with: a test's counting
+  // allocator sees the gathers.
+  storage.set_data_ptr_noswap(c10::GetAllocator(unit.whole.device().type())->allocate(bytes));
+  storage.set_nbytes(bytes);
+  at::NoGradGuard no_grad;
+  unit.whole.narrow(0, part_begin(index), unit.part.numel()).copy_(unit.part);
+  unit.gathering = communicator_.all_gather(unit.whole);
+  // Only now: a gather that failed to start leaves the unit freed, not whole with one part.
+  unit.has_bytes = true;
+  most_whole_ = std::max(most_whole_, whole_units());
+}
+
+void UnitShards::wait_whole(size_t index) {
+  gather(index);
+  Unit& unit = units_[index];
+  if (!unit.gathering) return;
+  unit.gathering->wait();
+  unit.gathering.reset();
+}
+
+void UnitShards::free(Unit& unit) {
+  if (!unit.has_bytes) return;
+  // The all-gather writes into the storage until it completes.
+  if (unit.gathering) {
+    unit.gathering->wait();
+    unit.gathering.reset();
+  }
+  c10::StorageImpl& storage = storage_of(unit.whole);
+  storage.set_data_ptr_noswap(at::DataPtr(nullptr, unit.whole.device()));
+  storage.set_nbytes(0);
+  unit.has_bytes = false;
+}
+
+bool UnitShards::read_twice(size_t unit) const {
+  return std::count(order_.begin(), order_.end(), unit) > 1;
+}
+
+bool UnitShards::read_after(size_t position) const {
+  return std::find(order_.begin() + static_cast<std::ptrdiff_t>(position) + 1, order_.end(),
+                   order_[position]) != order_.end();
+}
+
+void UnitShards::before_forward(size_t position) {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  wait_whole(order_.at(position));
+  if (position + 1 < order_.size()) gather(order_[position + 1]);
+}
+
+void UnitShards::after_forward(size_t position, bool backward_follows) {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  const bool last = position + 1 == order_.size();
+  if (read_after(position) || (last && backward_follows)) return;
+  free(units_[order_.at(position)]);
+}
+
+// The unit after this position's may still be whole: autograd has computed its input's gradient,
+// which calls this, but not necessarily added up all its weights' gradients, which releases it.
+// The previous position's unit is then gathered once it goes, so that two units at most are whole.
+void UnitShards::before_backward(size_t position) {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  const size_t unit = order_.at(position);
+  wait_whole(unit);
+  if (position == 0) return;
+  const size_t previous = order_[position - 1];
+  const bool after_is_whole = position + 1 < order_.size() && !read_twice(order_[position + 1]) &&
+                              units_[order_[position + 1]].has_bytes;
+  if (after_is_whole) {
+    deferred_gather_ = previous;
+  } else {
+    gather(previous);
+  }
+}
+
+void UnitShards::release(size_t unit) {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  free(units_.at(unit));
+  if (deferred_gather_) {
+    gather(*deferred_gather_);
+    deferred_gather_.reset();
+  }
+}
+
+void UnitShards::release_all() {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  deferred_gather_.reset();
+  for (Unit& unit : units_) free(unit);
+}
+
+void UnitShards::make_whole() {
+  std::lock_guard lock(mutex_);
+  if (kept_whole_) return;
+  // A unit left whole since before an update holds the weights before it: each is gathered anew
+  // from the parts.
+  for (Unit& unit : units_) free(unit);
+  for (size_t u = 0; u < units_.size(); ++u) wait_whole(u);
+  kept_whole_ = true;
+}
+
+void UnitShards::shard() {
+  std::lock_guard lock(mutex_);
+  if (!kept_whole_) return;
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.part.copy_(unit.whole.narrow(0, part_begin(u), unit.part.numel()));
+    free(unit);
+  }
+  kept_whole_ = false;
+}
+
+int64_t UnitShards::whole_units() const {
+  return std::count_if(units_.begin(), units_.end(),
+                       [](const Unit& unit) { return unit.has_bytes; });
+}
+
+int64_t UnitShards::most_whole_units() const {
+  std::lock_guard lock(mutex_);
+  return most_whole_;
+}
+
+void UnitShards::reset_most_whole_units() {
+  std::lock_guard lock(mutex_);
+  most_whole_ = whole_units();
+}
+
+}  // namespace mltrain

@@ -1,0 +1,104 @@
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "dist/bucket_layout.h"
+#include "dist/communicator.h"
+
+namespace mltrain {
+
+// ZeRO-3's weights, as FSDP holds them: each unit's parameters as one flat tensor of the unit's
+// layout (lay_out_units), cut into one equal part per rank. A rank keeps its own part of every
+// unit always, and a unit's whole tensor only while the unit runs: all-gathered from every rank's
+// part just before its forward and again before its backward, and freed after each.
+//
+// The parameters are views into their unit's whole tensor all along, so that the model, autograd
+// and the checkpoints see the same tensors as without sharding. Freed, a whole tensor keeps its
+// storage object with no bytes in it (FSDP's storage resize_(0)); gathered again, the same storage
+// gets bytes again, so that what autograd saved of a weight in forward reads it in backward.
+//
+// `order` gives the unit of each position the model runs in forward (unit_hooks.h). While one
+// position computes, the next position's unit is all-gathered (in backward, the previous one's):
+// at most two units are whole at once, besides a unit read at several positions (a tied
+// embedding), which stays whole from its first position to the end of its backward. The
+// optimizer updates the parts; nothing is gathered after the update, as the next forward gathers
+// each unit when it needs it.
+class UnitShards {
+ public:
+  // `units`: one layout per unit, its members indices into `parameters`, padded to a multiple of
+  // the ranks. Each parameter's current values (every rank's the same) become this rank's parts;
+  // the weights stay whole, as after make_whole(), until shard().
+  UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLayout> units,
+             std::vector<size_t> order, Communicator& communicator);
+  ~UnitShards();
+  UnitShards(const UnitShards&) = delete;
+  UnitShards& operator=(const UnitShards&) = delete;
+
+  size_t units() const { return units_.size(); }
+  const BucketLayout& layout(size_t unit) const { return units_.at(unit).layout; }
+  // This rank's part of `unit`'s flat weights: what the optimizer updates, in place.
+  const at::Tensor& part(size_t unit) const { return units_.at(unit).part; }
+  // The part's first element in the unit's flat tensor.
+  int64_t part_begin(size_t unit) const;
+
+  // The model's hooks, by position in `order`. Before a position's forward: its unit whole, and
+  // the next position's on its way.
+  void before_forward(size_t position);
+  // After it: its unit freed, unless a later position reads it too, or backward begins here
+  // (`backward_follows` at the last position).
+  void after_forward(size_t position, bool backward_follows);
+  // Before a position's backward: its unit whole, and the previous position's on its way.
+  void before_backward(size_t position);
+  // Once backward has given every gradient of `unit`: nothing reads its whole weights any more.
+  void release(size_t unit);
+  // Every unit freed: at the end of a step's backward, whatever it reached.
+  void release_all();
+
+  // Every unit whole on every rank, and kept so (the hooks do nothing), until shard(): between
+  // steps, to save, load or evaluate the whole model. A collective.
+  void make_whole();
+  // Each rank's parts taken from the whole weights (a load may have written into them; every
+  // rank's are the same), then every unit freed.
+  void shard();
+  bool whole() const { return kept_whole_; }
+
+  // Whether `unit`'s all-gather is in flight: started, not yet waited for.
+  bool gathering(size_t unit) const { return units_.at(unit).gathering != nullptr; }
+  // How many units are whole now, and the most that were at once since reset_most_whole().
+  int64_t whole_units() const;
+  int64_t most_whole_units() const;
+  void reset_most_whole_units();
+
+ private:
+  struct Unit {
+    BucketLayout layout;
+    at::Tensor whole;  // the unit's flat weights; without bytes while freed
+    at::Tensor part;   // this rank's part, apart from `whole`
+    std::unique_ptr<CollectiveWork> gathering;  // the all-gather in flight, if any
+    bool has_bytes = false;
+  };
+
+  void gather(size_t unit);
+  void wait_whole(size_t unit);
+  void free(Unit& unit);
+  bool read_after(size_t position) const;
+  bool read_twice(size_t unit) const;
+
+  std::vector<at::Tensor> parameters_;
+  std::vector<Unit> units_;
+  std::vector<size_t> order_;
+  Communicator& communicator_;
+  bool kept_whole_ = true;
+  std::optional<size_t> deferred_gather_;  // backward's prefetch, once the unit after goes
+  int64_t most_whole_ = 0;
+  mutable std::mutex mutex_;  // backward's hooks may run on autograd's device threads
+};
+
+}  // namespace mltrain

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
+#include "dist/unit_shards.h"
+#include "model/unit_hooks.h"
+#include "trainer/optim/optimizer.h"
+#include "trainer/optim/parts_adamw.h"
+
+namespace mltrain {
+
+// ZeRO-3 (dist.zero_stage 3), as FSDP's fully_shard: the weights, the gradients and AdamW's
+// state are all sharded, by the model's units (the embedding, each block, the head). Between
+// uses a rank holds only its part of each; one step, in order:
+//   forward: each unit's weights all-gathered just before it runs and freed after, the next
+//     unit's gathered while it computes (dist/unit_shards.h, through the model's unit hooks);
+//   backward: each unit's weights gathered again before its backward (the previous unit's on
+//     their way), and once backward has given all its gradients they are reduce-scattered (the
+//     reducer's released buckets, one per unit) and its weights freed;
+//   reduce_gradients(): the last reduce-scatters waited for;
+//   update(): AdamW on this rank's parts of the weights (parts_adamw.h); nothing is gathered, as
+//     the next forward gathers each unit when it runs.
+// Every micro-step of gradient accumulation is reduce-scattered, as under ZeRO-2 (grad_reducer.h
+// says why). A recomputed block (activation checkpointing) runs inside its backward, when its
+// weights are whole.
+class Zero3AdamW : public Optimizer {
+ public:
+  // `units`: the parameters each of the model's units reads, in forward order
+  // (LlamaImpl::unit_parameters()); units that share a tensor (a tied embedding) are one unit.
+  Zero3AdamW(const NamedParameters& parameters, const UnitParameters& units,
+             Communicator& communicator, const DataParallelOptions& options);
+
+  void set_sync(bool last_micro_step) override;
+  ReducedGradients reduce_gradients() override;
+  void update(double lr, const at::Tensor& skip) override;
+  OptimizerState state() const override { return adamw_.state(); }
+  void load_state(const OptimizerState& saved, const std::string& source) override {
+    adamw_.load_state(saved, source);
+  }
+  int64_t state_bytes() const override { return adamw_.state_bytes(); }
+
+  std::shared_ptr<UnitHooks> unit_hooks() override { return hooks_; }
+  void make_weights_whole() override { shards_->make_whole(); }
+  void shard_weights() override { shards_->shard(); }
+
+  const UnitShards& shards() const { return *shards_; }
+  UnitShards& shards() { return *shards_; }
+  const std::vector<PartsAdamW::Part>& parts() const { return adamw_.parts(); }
+
+ private:
+  size_t bucket_of(size_t unit) const { return shards_->units() - 1 - unit; }
+  std::vector<PartsAdamW::Part> parts_of_units() const;
+
+  Communicator& communicator_;
+  // Shared with the hooks, which the model may hold longer than the optimizer lives.
+  std::shared_ptr<UnitShards> shards_;
+  GradReducer reducer_;  // one released bucket per unit, in backward's order: the last unit first
+  PartsAdamW adamw_;
+  std::shared_ptr<UnitHooks> hooks_;
+  bool reduced_ = false;  // reduce_gradients() ran since the last update()
+};
+
+}  // namespace mltrain
