@@ -9,7 +9,8 @@
 #
 # Two figures per run:
 #   - mltrain's own, peak_memory_bytes in its metrics.jsonl (rank 0, over the training steps): on
-#     the CPU the process's peak RSS (getrusage), on a GPU the CUDA allocator's peak;
+#     the CPU the process's peak RSS since training began (VmHWM, reset then), on a GPU the CUDA
+#     allocator's peak;
 #   - each rank's peak RSS as the system saw it, over the whole process, that is also the final
 #     evaluation and checkpoint: from GNU time -v where it is installed, else VmHWM in
 #     /proc/PID/status, polled every 0.05 s, which can miss a peak in the last instants (on a GPU,

@@ -207,6 +207,30 @@ TEST(Faults, AMuonRunKilledWhileSavingResumesBitwise) {
   EXPECT_EQ(testing::read_text(last / "optimizer.safetensors"), saved);
 }
 
+// Two ranks at stage 3, killed (kill -9) while rank 0 saves, resume and end with the weights and
+// the optimizer state of an unbroken run of two ranks at stage 3, bit for bit.
+TEST(Faults, AStageThreeRunKilledWhileSavingResumesBitwise) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, 9) +
+                             " --set train.ckpt_every=3 --set data.micro_batch=4"
+                             " --set dist.zero_stage=3";
+  const std::string two_ranks = testing::mpirun(2) + " " + MLTRAIN_BIN_DIR + "/mltrain ";
+  ASSERT_EQ(run_command(two_ranks + config + " --set train.stop_at=3").exit_code, 0);
+  const auto killed = run_command(
+      testing::mpirun_with_fault(2, "kill-during-checkpoint", config + " --resume auto"));
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  const auto resumed = run_command(two_ranks + config + " --resume auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto unbroken =
+      run_command(two_ranks + config + " --set train.run_dir=" + (dir / "unbroken").string());
+  ASSERT_EQ(unbroken.exit_code, 0) << unbroken.output;
+  const std::filesystem::path last = std::filesystem::path("checkpoints") / "step_00000009";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    SCOPED_TRACE(file);
+    expect_same_weights(dir / "run" / last / file, dir / "unbroken" / last / file);
+  }
+}
+
 TEST(Faults, FailingCheckpointWriteExitsOneAndKeepsThePreviousOne) {
   TemporaryDirectory dir;
   const std::string config = write_config(dir, 6) + " --set train.ckpt_every=3";
@@ -373,18 +397,22 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
     expect_same_weights(dir / "run" / last / file, dir / "resumed" / last / file);
   }
 
-  // Two ranks sharing the global batch, their optimizer state sharded, roll back together: they
-  // end with the weights of the one rank.
-  const auto two_ranks = run_command(testing::mpirun_with_fault(
-      2, "spike-loss-once:6-8",
-      config + " --set data.micro_batch=4 --set dist.zero_stage=1 --set train.run_dir=" +
-          (dir / "two_ranks").string()));
-  ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
+  // Two ranks sharing the global batch, their optimizer state sharded (and at stage 3 their
+  // weights, which the rollback loads whole and shards again), roll back together: they end with
+  // the weights of the one rank.
   const NamedTensors one_rank_weights = load_safetensors(dir / "run" / last / "model.safetensors");
-  const NamedTensors two_rank_weights =
-      load_safetensors(dir / "two_ranks" / last / "model.safetensors");
-  for (const auto& [name, tensor] : one_rank_weights)
-    EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor), 1e-5) << name;
+  for (const int stage : {1, 3}) {
+    const std::filesystem::path run_dir = dir / fmt::format("two_ranks_at_{}", stage);
+    const auto two_ranks = run_command(testing::mpirun_with_fault(
+        2, "spike-loss-once:6-8",
+        config + fmt::format(" --set data.micro_batch=4 --set dist.zero_stage={}", stage) +
+            " --set train.run_dir=" + run_dir.string()));
+    ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
+    const NamedTensors two_rank_weights = load_safetensors(run_dir / last / "model.safetensors");
+    for (const auto& [name, tensor] : one_rank_weights)
+      EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor), 2e-5)
+          << "stage " << stage << ": " << name;
+  }
 }
 
 // A run resumed from an older checkpoint of its directory rolls back to that one, its own, not to

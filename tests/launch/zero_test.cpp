@@ -41,13 +41,14 @@ std::string write_config(const TemporaryDirectory& dir, const std::string& optim
 
 // mltrain on `ranks` CPU ranks (plainly for one), each with its share of the global batch.
 testing::CommandResult train(int ranks, const std::string& config, const std::string& run_dir,
-                             int zero_stage, const std::string& more = "") {
+                             int zero_stage, const std::string& more = "",
+                             int64_t global_batch = kGlobalBatch) {
   const std::string launcher =
       ranks == 1 ? ""
                  : "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                    "OMP_NUM_THREADS=1 " +
                        std::string(MLTRAIN_MPIEXEC) + " " + std::to_string(ranks) + " ";
-  const int64_t micro_batch = kGlobalBatch / 2 / ranks;
+  const int64_t micro_batch = global_batch / 2 / ranks;
   return testing::run_command(
       launcher + std::string(MLTRAIN_BIN_DIR) + "/mltrain " + config +
       " --set train.run_dir=" + run_dir + " --set data.micro_batch=" + std::to_string(micro_batch) +
@@ -211,6 +212,20 @@ TEST(ZeroStageThree, TwoAndThreeRanksTrainLikeOneRankWithout) {
   const auto one = train(1, config, (dir / "one").string(), 0);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   expect_sharded_ranks_train_like_one(dir, config, 3, 2e-5);
+}
+
+// 4 ranks, each with 3 windows of a global batch of 24, in 2 micro-steps.
+TEST(ZeroStageThree, FourRanksTrainLikeOneRankWithout) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const auto one = train(1, config, (dir / "one").string(), 0, "", 24);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto four = train(4, config, (dir / "four").string(), 3, "", 24);
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    expect_close(final_file(dir / "four", file), final_file(dir / "one", file), 2e-5,
+                 std::string("4 ranks at stage 3, ") + file);
+  }
 }
 
 // Untied embeddings make the head a unit of its own, apart from the embedding's.

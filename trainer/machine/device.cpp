@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -108,17 +109,6 @@ double peak_bf16_flops(const c10::Device& device) {
   return peak_bf16_flops_of(at::cuda::getDeviceProperties(device.index())->name);
 }
 
-int64_t peak_memory_bytes(const c10::Device& device) {
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-        .peak;
-  }
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
 namespace {
 
 // The kernel's file at `path` (/proc, /sys) as a stream; empty where it cannot be read.
@@ -196,6 +186,30 @@ int64_t available_host_memory() {
 }
 
 }  // namespace
+
+int64_t peak_memory_bytes(const c10::Device& device) {
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .peak;
+  }
+  std::istringstream status = kernel_file("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;  // in kB
+  }
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+void reset_peak_memory(const c10::Device& device) {
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    return;
+  }
+  // 5: the resident set's high-water mark becomes the resident set (proc(5)).
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 int64_t memory_per_rank(const c10::Device& device, int ranks_on_node) {
   if (device.is_cuda())

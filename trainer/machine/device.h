@@ -29,9 +29,15 @@ double peak_bf16_flops_of(std::string_view device_name);
 // peak_bf16_flops_of the device's name; 0 for the CPU.
 double peak_bf16_flops(const c10::Device& device);
 
-// Peak memory so far: the CUDA caching allocator's peak on a GPU, the process's peak resident set
-// on the CPU, in bytes.
+// Peak memory since the process began or since reset_peak_memory: the CUDA caching allocator's
+// peak on a GPU, the process's peak resident set on the CPU (VmHWM, or getrusage's where /proc
+// does not say), in bytes.
 int64_t peak_memory_bytes(const c10::Device& device);
+
+// Starts the peak again from what is held now, so that it measures what comes after (training,
+// not the set-up before it). On the CPU through /proc/self/clear_refs; where that cannot be
+// written, the peak keeps counting from the start.
+void reset_peak_memory(const c10::Device& device);
 
 // The memory one rank may plan with: a GPU's own memory, or the memory the machine has available
 // (MemAvailable, or less under a cgroup's limit) shared by the ranks on this node.

@@ -683,6 +683,9 @@ void TrainingRun::run() {
   }
   announce();
   install_stop_handlers();
+  // The peak memory logged is the training's, not the set-up's (which under ZeRO-3 holds the whole
+  // weights until they are sharded).
+  reset_peak_memory(device_);
   start_ = Clock::now();
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
