@@ -10,7 +10,7 @@
 #     which starts again from what the rank holds when training begins).
 # It exits 1 when a run has no result.
 #
-#   bench/fsdp.sh [--rounds R] [--steps N] [--log FILE]
+#   bench/fsdp.sh [--rounds R] [--steps N] [--benches "speed memory"] [--log FILE]
 #
 # Environment:
 #   BENCH_DATA           shards mltrain reads (default bench/gpu-packages/shards, else data/demo,
@@ -21,11 +21,12 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-rounds=2 steps=12 log=""
+rounds=2 steps=12 benches="speed memory" log=""
 while (($# > 0)); do
   case $1 in
     --rounds) rounds=$2 ;;
     --steps) steps=$2 ;;
+    --benches) benches=$2 ;;
     --log) log=$2 ;;
     *) echo "unknown argument $1 (see the comment at the top of $0)" >&2; exit 2 ;;
   esac
@@ -75,7 +76,7 @@ echo "[fsdp] $rounds round(s); speed: base model, 2 ranks, $steps steps; memory:
   "parameters, 4 ranks, 3 steps; log: $log" >&2
 for ((round = 1; round <= rounds; ++round)); do
   for stage in 0 1 2 3; do
-    for bench in speed memory; do
+    for bench in $benches; do
       echo "=== round $round, $bench, dist.zero_stage $stage" >>"$log"
       if [[ $bench == speed ]]; then
         result=$(run 2 "$stage" "$steps" 2 "${speed_batch[@]}") || result=""

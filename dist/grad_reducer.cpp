@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace mltrain {
@@ -56,15 +57,31 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketL
       bucket.wire = at::empty({layout.elements}, options.dtype(at::kBFloat16));
     if (options_.scatter) {
       averaged_parts_.push_back(at::zeros({layout.part_elements(communicator_.size())}, options));
-      if (options_.compress_bf16)
+      if (options_.compress_bf16 && !options_.release_buckets)
         bucket.wire_part = at::empty_like(averaged_parts_.back(), options.dtype(at::kBFloat16));
-      else if (options_.release_buckets)
-        bucket.received = at::empty_like(averaged_parts_.back());
     }
     bucket.pending = layout.members.size();
     bucket.layout = std::move(layout);
     buckets_.push_back(std::move(bucket));
   }
+  if (options_.release_buckets) make_receiving_buffers();
+}
+
+// Released: each micro-step's part of a bucket is received in one of a few buffers of the largest
+// part, taken in turn (as many as may be in flight: one, or two with overlap), rather than in a
+// buffer of each bucket's own, which would hold another part of every gradient for the whole run.
+void GradReducer::make_receiving_buffers() {
+  if (averaged_parts_.empty()) return;
+  int64_t largest = 0;
+  for (const at::Tensor& part : averaged_parts_) largest = std::max(largest, part.numel());
+  at::TensorOptions options = averaged_parts_.front().options();
+  if (options_.compress_bf16) options = options.dtype(at::kBFloat16);
+  for (int i = 0; i < (options_.overlap ? 2 : 1); ++i)
+    receiving_.push_back(at::empty({largest}, options));
+}
+
+at::Tensor GradReducer::receiving_part(size_t bucket) const {
+  return receiving_[bucket % receiving_.size()].narrow(0, 0, averaged_parts_[bucket].numel());
 }
 
 // Every parameter in exactly one bucket, inside it, and each bucket cut into equal parts when
@@ -174,7 +191,7 @@ void GradReducer::settle_released(size_t in_flight) {
     Bucket& bucket = buckets_[b];
     bucket.work->wait();
     bucket.work.reset();
-    averaged_parts_[b].add_(options_.compress_bf16 ? bucket.wire_part : bucket.received);
+    averaged_parts_[b].add_(receiving_part(b));
     bucket.buffer = at::Tensor();
     bucket.wire = at::Tensor();
   }
@@ -218,14 +235,17 @@ void GradReducer::launch_ready_buckets() {
 }
 
 void GradReducer::launch_next_bucket() {
+  // Released: the buffer this bucket is received in is free once the buckets before it that took
+  // it are settled.
+  if (options_.release_buckets) settle_released(receiving_.size() - 1);
   const size_t b = next_to_launch_++;
   Bucket& bucket = buckets_[b];
   if (options_.compress_bf16) bucket.wire.copy_(bucket.buffer);
   const at::Tensor& sent = options_.compress_bf16 ? bucket.wire : bucket.buffer;
   if (options_.scatter) {
-    const at::Tensor& part = options_.compress_bf16     ? bucket.wire_part
-                             : options_.release_buckets ? bucket.received
-                                                        : averaged_parts_[b];
+    const at::Tensor part = options_.release_buckets ? receiving_part(b)
+                            : options_.compress_bf16 ? bucket.wire_part
+                                                     : averaged_parts_[b];
     bucket.work = communicator_.reduce_scatter_average(sent, part, static_cast<int>(b));
   } else {
     bucket.work = communicator_.all_reduce_average(sent, static_cast<int>(b));

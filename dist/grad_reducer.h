@@ -90,7 +90,6 @@ class GradReducer {
     size_t pending = 0;    // gradients still to arrive in this backward
     at::Tensor wire;       // bf16 twin reduced in place of buffer, when compressing
     at::Tensor wire_part;  // bf16 twin of this rank's part, when compressing and scattering
-    at::Tensor received;   // released: this rank's part of one micro-step's average
     std::unique_ptr<CollectiveWork> work;
   };
 
@@ -104,6 +103,8 @@ class GradReducer {
   void settle_released(size_t in_flight);
   void flush_released();
   void end_micro_step();
+  void make_receiving_buffers();
+  at::Tensor receiving_part(size_t bucket) const;
 
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> grad_views_;  // each parameter's gradient within its bucket
@@ -111,6 +112,7 @@ class GradReducer {
   std::vector<size_t> member_of_;       // parameter index -> its place among its bucket's members
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> averaged_parts_;
+  std::vector<at::Tensor> receiving_;  // released: where a micro-step's parts arrive, in turn
   Communicator& communicator_;
   ReducerOptions options_;
   bool sync_ = true;

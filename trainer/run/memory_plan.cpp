@@ -200,6 +200,14 @@ double released_buckets(const Config& config) {
 // on its way, two consecutive units of embedding, blocks and head; with tied embeddings, the
 // embedding's unit (which holds the final norm too) whole through the step, as the first unit and
 // the last, and two blocks.
+// The values of ZeRO-3's largest unit: the embedding's (with the final norm when tied), the head's,
+// or a block's.
+double largest_unit(const ModelConfig& model) {
+  const auto count = [](int64_t value) { return static_cast<double>(value); };
+  const double embedding = count(model.vocab_size) * count(model.d_model) + count(model.d_model);
+  return std::max(embedding, count(model.block_parameters()));
+}
+
 double whole_unit_values(const ModelConfig& model) {
   const auto count = [](int64_t value) { return static_cast<double>(value); };
   const double embedding = count(model.vocab_size) * count(model.d_model);
@@ -256,11 +264,22 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
                            ? std::min(whole_units + largest_parameter(model), values)
                            : released_buckets(config);
   plan.gradients = 4 * whole + (plan.sharded ? 4 * part : 0);
-  // Released buckets receive each micro-step's fp32 part in a buffer of its own, to add it up.
-  if (plan.gradients_sharded && config.dist.grad_dtype != "bf16") plan.gradients += 4 * part;
-  // dist.grad_dtype bf16: each bucket's bf16 copy on the wire, and its part when sharded.
-  if (config.dist.grad_dtype == "bf16" && ranks > 1)
-    plan.gradients += 2 * whole + (plan.sharded ? 2 * part : 0);
+  const bool bf16_wire = config.dist.grad_dtype == "bf16" && ranks > 1;
+  // dist.grad_dtype bf16: each bucket's bf16 copy on the wire.
+  if (bf16_wire) plan.gradients += 2 * whole;
+  if (plan.gradients_sharded) {
+    // Released buckets receive each micro-step's part in one buffer of the largest bucket's part,
+    // or two taken in turn with overlap (grad_reducer.h), to add it up.
+    const bool overlap =
+        config.dist.overlap == "true" || (config.dist.overlap == "auto" && target.cuda);
+    const double largest_bucket =
+        plan.weights_sharded
+            ? largest_unit(model)
+            : std::max(config.dist.bucket_mb * 1024 * 1024 / 4, largest_parameter(model));
+    plan.gradients += (bf16_wire ? 2 : 4) * (overlap ? 2 : 1) * std::ceil(largest_bucket / ranks);
+  } else if (bf16_wire && plan.sharded) {
+    plan.gradients += 2 * part;  // each bucket's part received in bf16
+  }
   plan.optimizer_unsharded = 8 * values;
   plan.optimizer_sharded = 8 * part;
 

@@ -1078,7 +1078,10 @@ void TrainingRun::evaluate_now(int64_t step) {
 std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   const Clock::time_point start = Clock::now();
   const WholeWeights whole(*optimizer_);
-  if (world_.size > 1 && !same_on_all_ranks(parameters_, *communicator_)) {
+  // Sharded weights (ZeRO-3) are whole only as all-gathered, the same on every rank by
+  // construction: hashing them would say nothing, at the cost of the whole model's bytes.
+  const bool weights_replicated = optimizer_->unit_hooks() == nullptr;
+  if (world_.size > 1 && weights_replicated && !same_on_all_ranks(parameters_, *communicator_)) {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
