@@ -7,7 +7,10 @@
 #   - memory: a model of about 200M parameters (d_model 1024, 16 layers, a 4,096-token
 #     vocabulary), micro-batch 1 of 256 tokens, on 4 ranks, where the model's state dominates the
 #     activations: rank 0's peak resident set over the training steps (mltrain's peak_memory_bytes,
-#     which starts again from what the rank holds when training begins).
+#     which starts again from what the rank holds when training begins), with glibc returning every
+#     freed block over 64 KiB to the system (MALLOC_MMAP_THRESHOLD_), so that the resident set
+#     follows the live tensors rather than what the allocator keeps for reuse (stage 3 frees and
+#     gathers its units every micro-step).
 # It exits 1 when a run has no result.
 #
 #   bench/fsdp.sh [--rounds R] [--steps N] [--benches "speed memory"] [--log FILE]
@@ -16,7 +19,7 @@
 #   BENCH_DATA           shards mltrain reads (default bench/gpu-packages/shards, else data/demo,
 #                        which launch/demo.sh prepares)
 #   BENCH_RUN_TIMEOUT_S  seconds one run may take before it counts as failed (default 900)
-#   BENCH_MPIRUN         the mpirun (default mpirun, --oversubscribe --bind-to none)
+#   BENCH_MPIRUN         the mpirun, one path (default mpirun; --oversubscribe --bind-to none)
 #   MLTRAIN_BIN_DIR, MLTRAIN_PYTHON as in bench/environment.sh
 set -euo pipefail
 
@@ -26,7 +29,13 @@ while (($# > 0)); do
   case $1 in
     --rounds) rounds=$2 ;;
     --steps) steps=$2 ;;
-    --benches) benches=$2 ;;
+    --benches)
+      benches=$2
+      for bench in $benches; do
+        [[ $bench == speed || $bench == memory ]] ||
+          { echo "--benches takes speed and memory, not $bench" >&2; exit 2; }
+      done
+      ;;
     --log) log=$2 ;;
     *) echo "unknown argument $1 (see the comment at the top of $0)" >&2; exit 2 ;;
   esac
@@ -47,10 +56,12 @@ trap 'rm -rf "$work"' EXIT
 log=${log:-$work/fsdp.log}
 
 # One run: ranks stage steps warmup, then --set assignments. Prints mltrain's medians
-# (bench/metrics_summary.py); its output goes to the log.
+# (bench/metrics_summary.py); its output goes to the log. MALLOC_MMAP_THRESHOLD_ from the
+# environment reaches every rank.
 run() {
-  local ranks=$1 stage=$2 run_steps=$3 warmup=$4 run_dir=$work/run sets=() setting
+  local ranks=$1 stage=$2 run_steps=$3 warmup=$4 run_dir=$work/run sets=() setting environment=()
   shift 4
+  [[ -n ${MALLOC_MMAP_THRESHOLD_:-} ]] && environment=(-x MALLOC_MMAP_THRESHOLD_)
   rm -rf "$run_dir"
   for setting in \
     data.train="$data/train_*.bin" data.val="$data/val_*.bin" data.tokenizer="$data/tokenizer.model" \
@@ -59,8 +70,8 @@ run() {
     train.ckpt_every=1000000 train.run_dir="$run_dir" optim.warmup_steps=1 "$@"; do
     sets+=(--set "$setting")
   done
-  timeout "$run_timeout" "$mpirun" --oversubscribe --bind-to none -n "$ranks" \
-    "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" >>"$log" 2>&1 || return
+  timeout "$run_timeout" "$mpirun" --oversubscribe --bind-to none "${environment[@]}" \
+    -n "$ranks" "$bin_dir/mltrain" "$repo/configs/base.yaml" "${sets[@]}" >>"$log" 2>&1 || return
   "$python" "$repo/bench/metrics_summary.py" "$run_dir/metrics.jsonl" --warmup "$warmup"
 }
 
@@ -81,7 +92,8 @@ for ((round = 1; round <= rounds; ++round)); do
       if [[ $bench == speed ]]; then
         result=$(run 2 "$stage" "$steps" 2 "${speed_batch[@]}") || result=""
       else
-        result=$(run 4 "$stage" 3 0 "${memory_model[@]}") || result=""
+        result=$(MALLOC_MMAP_THRESHOLD_=65536 run 4 "$stage" 3 0 "${memory_model[@]}") ||
+          result=""
       fi
       printf '%s\n' "$result" >>"$log"
       if [[ -z $result ]]; then

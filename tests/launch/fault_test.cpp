@@ -219,6 +219,10 @@ TEST(Faults, AStageThreeRunKilledWhileSavingResumesBitwise) {
   const auto killed = run_command(
       testing::mpirun_with_fault(2, "kill-during-checkpoint", config + " --resume auto"));
   EXPECT_NE(killed.exit_code, 0) << killed.output;
+  // Killed while saving step 6, not before it.
+  const std::filesystem::path checkpoints = dir / "run" / "checkpoints";
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_00000006.tmp")) << killed.output;
+  EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006")) << killed.output;
   const auto resumed = run_command(two_ranks + config + " --resume auto");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto unbroken =
@@ -410,7 +414,8 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
     ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
     const NamedTensors two_rank_weights = load_safetensors(run_dir / last / "model.safetensors");
     for (const auto& [name, tensor] : one_rank_weights)
-      EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor), 2e-5)
+      EXPECT_LE(testing::relative_error(two_rank_weights.at(name), tensor),
+                stage == 1 ? 1e-5 : 2e-5)
           << "stage " << stage << ": " << name;
   }
 }

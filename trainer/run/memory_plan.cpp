@@ -196,10 +196,6 @@ double released_buckets(const Config& config) {
   return std::min(2 * bucket + largest, count(model.parameters()));
 }
 
-// The values of ZeRO-3's units whole at once (zero3_adamw.h): the unit running and the next one
-// on its way, two consecutive units of embedding, blocks and head; with tied embeddings, the
-// embedding's unit (which holds the final norm too) whole through the step, as the first unit and
-// the last, and two blocks.
 // The values of ZeRO-3's largest unit: the embedding's (with the final norm when tied), the head's,
 // or a block's.
 double largest_unit(const ModelConfig& model) {
@@ -208,6 +204,10 @@ double largest_unit(const ModelConfig& model) {
   return std::max(embedding, count(model.block_parameters()));
 }
 
+// The values of ZeRO-3's units whole at once (zero3_adamw.h): the unit running and the next one
+// on its way, two consecutive units of embedding, blocks and head; with tied embeddings, the
+// embedding's unit (which holds the final norm too) whole through the step, as the first unit and
+// the last, and two blocks.
 double whole_unit_values(const ModelConfig& model) {
   const auto count = [](int64_t value) { return static_cast<double>(value); };
   const double embedding = count(model.vocab_size) * count(model.d_model);
