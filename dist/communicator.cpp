@@ -57,6 +57,10 @@ class SingleRankCommunicator : public Communicator {
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return std::make_unique<KnownSum>(value);
   }
+  std::unique_ptr<Communicator> group(const RankGroup& group) override {
+    if (group.size != 1) throw std::invalid_argument("a world of one has no group of more ranks");
+    return std::make_unique<SingleRankCommunicator>(shared_flight());
+  }
 
  protected:
   std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor&, int64_t) override {
@@ -129,11 +133,14 @@ void check_mpi_tensor(const at::Tensor& tensor, const char* collective) {
     throw std::invalid_argument(fmt::format("MPI {} of over 2^31 elements", collective));
 }
 
-// MPI collectives on CPU tensors: multi-rank training on machines without GPUs.
+// MPI collectives on CPU tensors: multi-rank training on machines without GPUs. Over
+// MPI_COMM_WORLD, or over a group's communicator, which it then owns.
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(const World& world, double timeout_s, std::shared_ptr<FlightRecorder> flight)
-      : Communicator(std::move(flight)), world_(world), timeout_s_(timeout_s) {
+  MpiCommunicator(MPI_Comm comm, double timeout_s, std::shared_ptr<FlightRecorder> flight)
+      : Communicator(std::move(flight)), comm_(comm), timeout_s_(timeout_s) {
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_);
     MPI_Type_commit(&bf16_type_);
     MPI_Op_create(&sum_bf16, /*commute=*/1, &bf16_sum_);
@@ -141,12 +148,29 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     MPI_Op_free(&bf16_sum_);
     MPI_Type_free(&bf16_type_);
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
   }
-  int rank() const override { return world_.rank; }
-  int size() const override { return world_.size; }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
-    return recorded_sum([&] { return start_host_sum(value, timeout_s_); });
+    return recorded_sum([&] { return start_host_sum(value, comm_, timeout_s_); });
+  }
+
+  std::unique_ptr<Communicator> group(const RankGroup& group) override {
+    MPI_Comm comm = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, group.color, group.rank, &comm),
+              fmt::format("MPI_Comm_split ({} group {})", group.name, group.color));
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    auto made = std::make_unique<MpiCommunicator>(comm, timeout_s_, shared_flight());
+    if (made->rank() != group.rank || made->size() != group.size) {
+      throw std::logic_error(fmt::format(
+          "{} group {}: MPI made it rank {} of {}, where this rank named itself rank {} of {}",
+          group.name, group.color, made->rank(), made->size(), group.rank, group.size));
+    }
+    return made;
   }
 
  protected:
@@ -155,7 +179,7 @@ class MpiCommunicator : public Communicator {
     check_mpi_tensor(tensor, "all-reduce");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
-                             type_of(tensor), sum_of(tensor), MPI_COMM_WORLD, &request),
+                             type_of(tensor), sum_of(tensor), comm_, &request),
               "MPI_Iallreduce");
     return started(request, collective_name("all-reduce", tensor), tensor, {});
   }
@@ -165,11 +189,11 @@ class MpiCommunicator : public Communicator {
                                                                int64_t) override {
     check_mpi_tensor(input, "reduce-scatter");
     check_mpi_tensor(output, "reduce-scatter");
-    check_scatter_shapes(input, output, world_.size);
+    check_scatter_shapes(input, output, size_);
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(),
                                         static_cast<int>(output.numel()), type_of(input),
-                                        sum_of(input), MPI_COMM_WORLD, &request),
+                                        sum_of(input), comm_, &request),
               "MPI_Ireduce_scatter_block");
     return started(request, collective_name("reduce-scatter", input), output, {input});
   }
@@ -178,8 +202,8 @@ class MpiCommunicator : public Communicator {
     check_mpi_tensor(tensor, "all-gather");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, tensor.data_ptr(),
-                             static_cast<int>(part_numel(tensor, world_.size)), type_of(tensor),
-                             MPI_COMM_WORLD, &request),
+                             static_cast<int>(part_numel(tensor, size_)), type_of(tensor), comm_,
+                             &request),
               "MPI_Iallgather");
     return started(request, collective_name("all-gather", tensor), at::Tensor(), {tensor});
   }
@@ -189,7 +213,7 @@ class MpiCommunicator : public Communicator {
     check_mpi_tensor(tensor, "broadcast");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibcast(tensor.data_ptr(), static_cast<int>(tensor.numel()), type_of(tensor), root,
-                         MPI_COMM_WORLD, &request),
+                         comm_, &request),
               "MPI_Ibcast");
     return started(request, collective_name("broadcast", tensor), at::Tensor(), {tensor});
   }
@@ -202,7 +226,7 @@ class MpiCommunicator : public Communicator {
         [request, name = std::move(name), timeout_s = timeout_s_]() mutable {
           wait_for(request, timeout_s, name);
         },
-        std::move(average), world_.size, std::move(in_flight));
+        std::move(average), size_, std::move(in_flight));
   }
 
   MPI_Datatype type_of(const at::Tensor& tensor) const {
@@ -212,7 +236,9 @@ class MpiCommunicator : public Communicator {
     return tensor.scalar_type() == at::kBFloat16 ? bf16_sum_ : MPI_SUM;
   }
 
-  World world_;
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
   double timeout_s_;
   MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
@@ -222,32 +248,38 @@ class MpiCommunicator : public Communicator {
 
 Communicator::Communicator(std::shared_ptr<FlightRecorder> flight) : flight_(std::move(flight)) {}
 
+Communicator::Communicator(std::shared_ptr<FlightRecorder> flight, MadeOfOthers)
+    : flight_(std::move(flight)), records_(false) {}
+
 Communicator::~Communicator() = default;
 
 FlightRecorder& Communicator::flight() const { return *flight_; }
 
 std::unique_ptr<CollectiveWork> Communicator::all_reduce_average(const at::Tensor& tensor,
                                                                  int bucket) {
-  const int64_t seq = flight_->enqueued("all-reduce", tensor.numel(), tensor.scalar_type(), bucket);
+  const int64_t seq = enqueued("all-reduce", tensor, bucket);
   return recorded(seq, [&] { return start_all_reduce_average(tensor, seq); });
 }
 
 std::unique_ptr<CollectiveWork> Communicator::reduce_scatter_average(const at::Tensor& input,
                                                                      const at::Tensor& output,
                                                                      int bucket) {
-  const int64_t seq =
-      flight_->enqueued("reduce-scatter", input.numel(), input.scalar_type(), bucket);
+  const int64_t seq = enqueued("reduce-scatter", input, bucket);
   return recorded(seq, [&] { return start_reduce_scatter_average(input, output, seq); });
 }
 
 std::unique_ptr<CollectiveWork> Communicator::all_gather(const at::Tensor& tensor, int bucket) {
-  const int64_t seq = flight_->enqueued("all-gather", tensor.numel(), tensor.scalar_type(), bucket);
+  const int64_t seq = enqueued("all-gather", tensor, bucket);
   return recorded(seq, [&] { return start_all_gather(tensor, seq); });
 }
 
 void Communicator::broadcast(const at::Tensor& tensor, int root) {
-  const int64_t seq = flight_->enqueued("broadcast", tensor.numel(), tensor.scalar_type());
+  const int64_t seq = enqueued("broadcast", tensor, -1);
   recorded(seq, [&] { return start_broadcast(tensor, root, seq); })->wait();
+}
+
+int64_t Communicator::enqueued(std::string_view op, const at::Tensor& tensor, int bucket) {
+  return records_ ? flight_->enqueued(op, tensor.numel(), tensor.scalar_type(), bucket) : 0;
 }
 
 std::unique_ptr<PendingSum> Communicator::recorded_sum(
@@ -261,6 +293,7 @@ std::unique_ptr<PendingSum> Communicator::recorded_sum(
 
 std::unique_ptr<CollectiveWork> Communicator::recorded(
     int64_t seq, const std::function<std::unique_ptr<CollectiveWork>()>& start) {
+  if (!records_) return start();
   std::unique_ptr<CollectiveWork> work;
   flight_->explained(seq, [&] { work = start(); });
   flight_->started(seq);
@@ -325,7 +358,7 @@ std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device 
   // The ranks' CPU communicator: the CPU run's, and the host values' of a CUDA run.
   std::unique_ptr<Communicator> host =
       world.uses_mpi
-          ? std::make_unique<MpiCommunicator>(world, timeout_s, flight)
+          ? std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, timeout_s, flight)
           : make_gloo_communicator(world, connect_rendezvous(world, rendezvous, timeout_s),
                                    timeout_s, flight);
   if (device.is_cuda())

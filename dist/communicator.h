@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/world.h"
@@ -25,6 +26,17 @@ class CollectiveWork {
   // Whether wait() returns only once the operation is complete (the CPU's), rather than ordering
   // the caller's stream after it (CUDA's, whose watchdog sees it complete).
   virtual bool completes_on_wait() const { return true; }
+};
+
+// Some of a communicator's ranks, as each of them names its own group: the ranks that give the
+// same `color` form one, of `size` ranks, in which this rank is `rank` (from 0). `name` says in
+// messages and in Gloo's store what the groups are for (every group made from one communicator
+// needs a name of its own).
+struct RankGroup {
+  std::string name;
+  int color = 0;
+  int rank = 0;
+  int size = 1;
 };
 
 // A sum of host values over the ranks, in flight.
@@ -75,10 +87,23 @@ class Communicator {
   // The sum over the ranks of a host value, waited for.
   double all_reduce_sum(double value) { return start_all_reduce_sum(value)->wait(); }
 
+  // The communicator among the ranks of this rank's `group` (the same backend), whose collectives
+  // this one's flight recorder records. A collective: every rank calls it, each naming its own
+  // group, and the groups' collectives must then be issued in the same order on every rank, as if
+  // they were this communicator's (so that the flight records of the ranks still line up).
+  virtual std::unique_ptr<Communicator> group(const RankGroup& group) = 0;
+
   // This rank's flight recorder: the run sets its step and where failures write the records.
   FlightRecorder& flight() const;
+  // The same, for the communicators made from this one (its groups) to share.
+  const std::shared_ptr<FlightRecorder>& shared_flight() const { return flight_; }
 
  protected:
+  // A communicator made of others (hybrid_communicator.h), which record its collectives as they
+  // run them: its own are not recorded again.
+  struct MadeOfOthers {};
+  Communicator(std::shared_ptr<FlightRecorder> flight, MadeOfOthers);
+
   // The backend's side of the public collectives above, recorded as collective `seq`. A backend
   // whose wait() does not complete the operation records its completion itself.
   virtual std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
@@ -97,12 +122,15 @@ class Communicator {
       const std::function<std::unique_ptr<PendingSum>()>& start);
 
  private:
+  // Records a collective asked for now, unless made of others; its number (0: not recorded).
+  int64_t enqueued(std::string_view op, const at::Tensor& tensor, int bucket);
   // Collective `seq` as `start`, a backend's start_ function, starts it: recorded as started and,
   // once waited for, completed or failed.
   std::unique_ptr<CollectiveWork> recorded(
       int64_t seq, const std::function<std::unique_ptr<CollectiveWork>()>& start);
 
   std::shared_ptr<FlightRecorder> flight_;
+  bool records_ = true;
 };
 
 // How messages name a collective over `tensor`: collective_name("all-reduce", tensor) is "the

@@ -33,11 +33,17 @@ void check_gloo_tensor(const at::Tensor& tensor, const char* collective) {
     throw std::invalid_argument(fmt::format("Gloo {} needs a contiguous CPU tensor", collective));
 }
 
+// Over the ranks that meet under `prefix` in `store`: every rank of the run, or a group's.
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(const World& world, c10::intrusive_ptr<c10d::Store> store, double timeout_s,
-                   std::shared_ptr<FlightRecorder> flight)
-      : Communicator(std::move(flight)), world_(world), timeout_s_(timeout_s) {
+  GlooCommunicator(int rank, int size, c10::intrusive_ptr<c10d::Store> store, std::string prefix,
+                   double timeout_s, std::shared_ptr<FlightRecorder> flight)
+      : Communicator(std::move(flight)),
+        rank_(rank),
+        size_(size),
+        store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        timeout_s_(timeout_s) {
     auto options = c10d::ProcessGroupGloo::Options::create(
         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
@@ -46,20 +52,25 @@ class GlooCommunicator : public Communicator {
     // only which key it waited for.
     try {
       group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("mltrain/gloo", std::move(store)), world.rank,
-          world.size, options);
+          c10::make_intrusive<c10d::PrefixStore>(prefix_, store_), rank_, size_, options);
     } catch (const std::exception& error) {
       const std::string what = error.what();
       throw std::runtime_error(fmt::format(
           "rank {} of {}: Gloo could not connect the ranks within dist.timeout_s = {} s, though "
           "all {} had checked in at the rendezvous (a rank failed or left since, and its own "
           "error says why; or its address is not reachable from this one): {}",
-          world.rank, world.size, timeout_s, world.size, what.substr(0, what.find('\n'))));
+          rank_, size_, timeout_s, size_, what.substr(0, what.find('\n'))));
     }
   }
 
-  int rank() const override { return world_.rank; }
-  int size() const override { return world_.size; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::unique_ptr<Communicator> group(const RankGroup& group) override {
+    return std::make_unique<GlooCommunicator>(
+        group.rank, group.size, store_, fmt::format("{}/{}/{}", prefix_, group.name, group.color),
+        timeout_s_, shared_flight());
+  }
 
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return recorded_sum([&] {
@@ -83,7 +94,7 @@ class GlooCommunicator : public Communicator {
                                                                int64_t) override {
     check_gloo_tensor(input, "reduce-scatter");
     check_gloo_tensor(output, "reduce-scatter");
-    check_scatter_shapes(input, output, world_.size);
+    check_scatter_shapes(input, output, size_);
     at::Tensor in = input;
     at::Tensor out = output;
     return started(group_->_reduce_scatter_base(out, in), collective_name("reduce-scatter", input),
@@ -92,9 +103,9 @@ class GlooCommunicator : public Communicator {
 
   std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t) override {
     check_gloo_tensor(tensor, "all-gather");
-    const int64_t part = part_numel(tensor, world_.size);
+    const int64_t part = part_numel(tensor, size_);
     // Gloo reads the rank's part from a buffer of its own, not from inside the output.
-    at::Tensor own = tensor.view(-1).narrow(0, world_.rank * part, part).clone();
+    at::Tensor own = tensor.view(-1).narrow(0, rank_ * part, part).clone();
     at::Tensor whole = tensor.view(-1);
     return started(group_->_allgather_base(whole, own), collective_name("all-gather", tensor),
                    at::Tensor(), {own, tensor});
@@ -126,10 +137,13 @@ class GlooCommunicator : public Communicator {
                 name, timeout_s, what.substr(0, what.find('\n'))));
           }
         },
-        std::move(average), world_.size, std::move(in_flight));
+        std::move(average), size_, std::move(in_flight));
   }
 
-  World world_;
+  int rank_;
+  int size_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
   double timeout_s_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
 };
@@ -140,7 +154,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const World& world,
                                                      c10::intrusive_ptr<c10d::Store> store,
                                                      double timeout_s,
                                                      std::shared_ptr<FlightRecorder> flight) {
-  return std::make_unique<GlooCommunicator>(world, std::move(store), timeout_s, std::move(flight));
+  return std::make_unique<GlooCommunicator>(world.rank, world.size, std::move(store),
+                                            "mltrain/gloo", timeout_s, std::move(flight));
 }
 
 }  // namespace mltrain

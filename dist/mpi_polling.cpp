@@ -14,11 +14,11 @@ namespace {
 
 class MpiHostSum : public PendingSum {
  public:
-  MpiHostSum(double value, double timeout_s)
+  MpiHostSum(double value, MPI_Comm comm, double timeout_s)
       : buffers_(std::make_unique<Buffers>(Buffers{value, 0.0})), timeout_s_(timeout_s) {
-    check_mpi(MPI_Iallreduce(&buffers_->value, &buffers_->sum, 1, MPI_DOUBLE, MPI_SUM,
-                             MPI_COMM_WORLD, &request_),
-              "MPI_Iallreduce");
+    check_mpi(
+        MPI_Iallreduce(&buffers_->value, &buffers_->sum, 1, MPI_DOUBLE, MPI_SUM, comm, &request_),
+        "MPI_Iallreduce");
   }
   MpiHostSum(const MpiHostSum&) = delete;
   MpiHostSum& operator=(const MpiHostSum&) = delete;
@@ -73,8 +73,8 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& operati
   }
 }
 
-std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s) {
-  return std::make_unique<MpiHostSum>(value, timeout_s);
+std::unique_ptr<PendingSum> start_host_sum(double value, MPI_Comm comm, double timeout_s) {
+  return std::make_unique<MpiHostSum>(value, comm, timeout_s);
 }
 
 }  // namespace mltrain

@@ -19,7 +19,8 @@ void check_mpi(int code, const std::string& operation);
 // Waits for a non-blocking MPI operation; throws after timeout_s.
 void wait_for(MPI_Request& request, double timeout_s, const std::string& operation);
 
-// Starts the sum over the ranks of a host value; its wait() polls with the same deadline.
-std::unique_ptr<PendingSum> start_host_sum(double value, double timeout_s);
+// Starts the sum over the ranks of `comm` of a host value; its wait() polls with the same
+// deadline.
+std::unique_ptr<PendingSum> start_host_sum(double value, MPI_Comm comm, double timeout_s);
 
 }  // namespace mltrain

@@ -185,6 +185,7 @@ class NcclCommunicator : public Communicator {
                    std::shared_ptr<FlightRecorder> flight)
       : Communicator(std::move(flight)),
         world_(world),
+        timeout_s_(timeout_s),
         host_(std::move(host)),
         guard_(static_cast<c10::DeviceIndex>(world.local_rank)),
         comm_(world, timeout_s, *host_),
@@ -205,6 +206,15 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return host_->start_all_reduce_sum(value);
+  }
+
+  // A communicator of its own among the group's GPUs, set up through the host's group.
+  std::unique_ptr<Communicator> group(const RankGroup& group) override {
+    World members = world_;
+    members.rank = group.rank;
+    members.size = group.size;
+    return std::make_unique<NcclCommunicator>(members, timeout_s_, host_->group(group),
+                                              shared_flight());
   }
 
  protected:
@@ -312,7 +322,8 @@ class NcclCommunicator : public Communicator {
     std::_Exit(kExitRuntimeFailure);
   }
 
-  World world_;
+  World world_;  // this communicator's ranks: the run's, or a group's
+  double timeout_s_;
   std::unique_ptr<Communicator> host_;  // the ranks' CPU communicator, for host values
   c10::cuda::CUDAGuard guard_;          // this rank's GPU is the current device while training
   NcclComm comm_;

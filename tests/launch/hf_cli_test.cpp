@@ -55,6 +55,23 @@ double printed_val_loss(const std::string& output) {
   return std::stod(output.substr(at + 9));
 }
 
+// The logits of a batch of random tokens from mltrain's model of the run's checkpoint at step 4
+// and from transformers' of its export in `out`.
+struct ExportedLogits {
+  at::Tensor tokens, mltrain, transformers;
+};
+ExportedLogits logits_of_export(const TemporaryDirectory& dir, const ModelConfig& config,
+                                const std::string& out) {
+  Llama model(config, Kernels::fused_cpu);
+  load_model_weights(model, dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors");
+  at::manual_seed(5);
+  const at::Tensor tokens = at::randint(config.vocab_size, {3, 16}, at::kLong);
+  save_safetensors(dir / "batch.safetensors", {{"tokens", tokens}});
+  run_reference(fmt::format("load {} {}", out, (dir / "batch.safetensors").string()), dir / "out");
+  at::NoGradGuard no_grad;
+  return {tokens, model(tokens), load_safetensors(dir / "out" / "logits.safetensors").at("logits")};
+}
+
 TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   TemporaryDirectory dir;
   const std::string config = trained_run(dir);
@@ -64,15 +81,8 @@ TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   EXPECT_CONTAINS(exported.output, "the run has no tokenizer");
   EXPECT_CONTAINS(exported.output, "AutoModelForCausalLM.from_pretrained(\"" + out + "\")");
 
-  Llama model(testing::tiny_run(dir.path()).model, Kernels::fused_cpu);
-  load_model_weights(model, dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors");
-  at::manual_seed(5);
-  const at::Tensor tokens = at::randint(32, {3, 16}, at::kLong);
-  save_safetensors(dir / "batch.safetensors", {{"tokens", tokens}});
-  run_reference(fmt::format("load {} {}", out, (dir / "batch.safetensors").string()), dir / "out");
-  const at::Tensor reference = load_safetensors(dir / "out" / "logits.safetensors").at("logits");
-  at::NoGradGuard no_grad;
-  EXPECT_LE((model(tokens) - reference).abs().max().item<double>(), 1e-4);
+  const ExportedLogits logits = logits_of_export(dir, testing::tiny_run(dir.path()).model, out);
+  EXPECT_LE((logits.mltrain - logits.transformers).abs().max().item<double>(), 1e-4);
 
   // Evaluating the export is evaluating the checkpoint. The checkpoint's evaluation is recorded in
   // its run; the export belongs to no run, and the run of the config stays byte for byte as it was.
@@ -103,6 +113,38 @@ TEST(HfCli, ExportsATrainedRunThatTransformersLoads) {
   EXPECT_EQ(no_resume.exit_code, kExitUserError);
   EXPECT_CONTAINS(no_resume.output, "--export-hf needs trained weights: add --resume auto");
   EXPECT_FALSE(std::filesystem::exists(dir / "x"));
+}
+
+// A run of 2 ranks at dist.zero_stage 3, where each rank holds its part of every weight, saves the
+// same files as any run: its export gives in transformers the logits, and so the loss, of
+// mltrain's model of that checkpoint.
+TEST(HfCli, ExportsAStageThreeRunOfTwoRanks) {
+  TemporaryDirectory dir;
+  Config config = testing::tiny_run(dir.path());
+  config.train.max_steps = 4;
+  config.optim.warmup_steps = 1;
+  config.dist.zero_stage = 3;
+  const auto path = dir / "run.yaml";
+  testing::write_text(path, config_to_yaml(config));
+  const CommandResult trained = testing::run_command(fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 {} 2 "
+      "{}/mltrain {} 2>&1",
+      MLTRAIN_MPIEXEC, MLTRAIN_BIN_DIR, path.string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_NE(trained.output.find("dist.zero_stage 3: its part of 2 ranks'"), std::string::npos)
+      << trained.output;
+  const std::string out = (dir / "export").string();
+  const CommandResult exported = mltrain(path.string() + " --resume auto --export-hf " + out);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+
+  const ExportedLogits logits = logits_of_export(dir, config.model, out);
+  EXPECT_LE((logits.mltrain - logits.transformers).abs().max().item<double>(), 1e-4);
+  const auto loss = [&](const at::Tensor& of) {
+    return next_token_loss(of.narrow(1, 0, 15).contiguous(),
+                           logits.tokens.narrow(1, 1, 15).contiguous())
+        .item<double>();
+  };
+  EXPECT_NEAR(loss(logits.transformers), loss(logits.mltrain), 1e-5);
 }
 
 // Every validation window of tiny_run's stream (0, 7, 14, ... mod 31; 2000 tokens, seq_len 16),

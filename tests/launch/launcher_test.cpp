@@ -34,15 +34,18 @@ std::string config_file(const TemporaryDirectory& dir) {
   return path.string();
 }
 
-std::string arguments(const TemporaryDirectory& dir, int ranks, const std::string& run) {
+std::string arguments(const TemporaryDirectory& dir, int ranks, const std::string& run,
+                      int64_t global_batch = kGlobalBatch) {
   return fmt::format("{} --set train.run_dir={} --set data.micro_batch={} --set train.threads=1",
-                     config_file(dir), (dir / run).string(), kGlobalBatch / 2 / ranks);
+                     config_file(dir), (dir / run).string(), global_batch / 2 / ranks);
 }
 
 constexpr const char* kMltrain = MLTRAIN_BIN_DIR "/mltrain";
 
-void expect_like_one_rank(const TemporaryDirectory& dir, const std::string& run) {
-  const auto one = run_command(fmt::format("{} {}", kMltrain, arguments(dir, 1, "one")));
+void expect_like_one_rank(const TemporaryDirectory& dir, const std::string& run,
+                          int64_t global_batch = kGlobalBatch) {
+  const auto one =
+      run_command(fmt::format("{} {}", kMltrain, arguments(dir, 1, "one", global_batch)));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const NamedTensors expected = load_safetensors(dir / "one/checkpoints/step_00000010" / file);
@@ -62,6 +65,19 @@ TEST(Launchers, TwoRanksOfRanksShTrainLikeOneRank) {
   EXPECT_CONTAINS(two.output, "launcher: torchrun's variables");
   EXPECT_CONTAINS(two.output, "2 ranks agree on the config");
   expect_like_one_rank(dir, "two");
+}
+
+// Hybrid sharding over Gloo: 4 ranks as 2 groups of 2 (dist.shard_ranks), each group a Gloo
+// group of its own, at stage 3. 24 windows a step: 3 for each rank.
+TEST(Launchers, FourGlooRanksAsTwoShardGroupsTrainLikeOneRank) {
+  TemporaryDirectory dir;
+  const auto four = run_command(fmt::format(
+      "MLTRAIN_BIN={} MASTER_PORT={} timeout 300 bash {}/launch/ranks.sh 4 {} "
+      "--set dist.zero_stage=3 --set dist.shard_ranks=2",
+      kMltrain, testing::free_port(), MLTRAIN_SOURCE_DIR, arguments(dir, 4, "four", 24)));
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  EXPECT_CONTAINS(four.output, "dist.shard_ranks 2: 2 groups of 2 ranks");
+  expect_like_one_rank(dir, "four", 24);
 }
 
 // torchrun itself (the wheel's, in the tests' Python environment), whose agent serves the store.

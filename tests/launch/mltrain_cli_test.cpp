@@ -231,6 +231,28 @@ TEST(MltrainCli, BadValuesOfTheMemoryKeysAreOneLineAndExitTwo) {
   }
 }
 
+// dist.shard_ranks must divide the ranks, and names groups that share what a stage shards.
+TEST(MltrainCli, ShardRanksThatDoNotDivideTheRanksOrShardNothingAreOneLineAndExitTwo) {
+  for (const auto& [arguments, message] :
+       {std::pair{
+            "--ranks 4 --device-memory-gb 80 --set dist.zero_stage=3 --set dist.shard_ranks=3",
+            "dist.shard_ranks 3 does not divide the 4 ranks"},
+        std::pair{"--set dist.shard_ranks=2",
+                  "dist.shard_ranks 2 groups the ranks that share what dist.zero_stage 1, 2 or 3 "
+                  "shards, and dist.zero_stage is 0"}}) {
+    const CommandResult run = mltrain(kBase + " --dry-run " + arguments);
+    EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
+    EXPECT_CONTAINS(run.output, message);
+    EXPECT_EQ(lines(run.output), 1u) << run.output;
+  }
+  const CommandResult divides =
+      mltrain(kBase +
+              " --dry-run --ranks 4 --device-memory-gb 80 --set dist.zero_stage=3 "
+              "--set dist.shard_ranks=2");
+  EXPECT_CONTAINS(divides.output, "sharded within groups of dist.shard_ranks = 2");
+  EXPECT_EQ(divides.exit_code, 0) << divides.output;
+}
+
 TEST(MltrainCli, InconsistentConfigExitsTwo) {
   const CommandResult run = mltrain(kBase + " --dry-run --set model.n_kv_heads=3");
   EXPECT_EQ(run.exit_code, kExitUserError);

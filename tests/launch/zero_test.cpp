@@ -1,7 +1,7 @@
 // ZeRO-1, 2 and 3 (dist.zero_stage) as a user runs them: mltrain under mpirun on 2 and 3 CPU ranks
 // against one rank without sharding, and their checkpoints resumed on other numbers of ranks,
 // sharded or not; at stage 1 with AdamW (sharded by element) and with Muon (its matrices sharded
-// whole).
+// whole); and hybrid sharding (dist.shard_ranks) on 4 ranks.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -239,6 +239,33 @@ TEST(ZeroStageThree, UntiedEmbeddingsTrainLikeOneRankWithout) {
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   expect_close(final_file(dir / "two", "model.safetensors"),
                final_file(dir / "one", "model.safetensors"), 2e-5, "untied, 2 ranks at stage 3");
+}
+
+// Hybrid sharding (dist.shard_ranks 2): 4 ranks as 2 groups of 2, each group sharding a replica
+// among its ranks and averaging across the other group, end as one rank without sharding does,
+// with AdamW at every stage and with Muon (its matrices dealt within each group) at stage 1. Each
+// rank has 3 windows of a global batch of 24, in 2 micro-steps.
+TEST(HybridSharding, FourRanksAsTwoGroupsOfTwoTrainLikeOneRank) {
+  TemporaryDirectory dir;
+  for (const auto& [optimizer, stages] :
+       {std::pair{"adamw", std::vector{1, 2, 3}}, std::pair{"muon", std::vector{1}}}) {
+    const std::string config = write_config(dir, optimizer);
+    const std::filesystem::path one = dir / fmt::format("one_{}", optimizer);
+    const auto unsharded = train(1, config, one.string(), 0, "", 24);
+    ASSERT_EQ(unsharded.exit_code, 0) << unsharded.output;
+    for (const int stage : stages) {
+      const std::filesystem::path run = dir / fmt::format("hybrid_{}_{}", optimizer, stage);
+      const auto hybrid = train(4, config, run.string(), stage, "--set dist.shard_ranks=2", 24);
+      ASSERT_EQ(hybrid.exit_code, 0) << hybrid.output;
+      EXPECT_NE(hybrid.output.find("dist.shard_ranks 2: 2 groups of 2 ranks"), std::string::npos)
+          << hybrid.output;
+      for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+        expect_close(
+            final_file(run, file), final_file(one, file), 2e-5,
+            fmt::format("{} on 4 ranks as 2 groups of 2 at stage {}, {}", optimizer, stage, file));
+      }
+    }
+  }
 }
 
 // A checkpoint of 2 ranks at stage 3 resumes on one rank at stage 0 and on 3 ranks at stage 1,

@@ -67,6 +67,34 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_CONTAINS(describe(async), "write in the background");
 }
 
+// Hybrid sharding (dist.shard_ranks 2 of 8 ranks): what is sharded is cut in halves, not
+// eighths; and the groups must divide the ranks.
+TEST(MemoryPlan, HybridShardingCutsTheStateAmongAGroupOnly) {
+  Config config;  // the base model
+  const int64_t p = kBaseParameters;
+  const int64_t half = (p + 1) / 2;
+  config.dist.zero_stage = 1;
+  config.dist.shard_ranks = 2;
+  const PlanTarget eight{.ranks = 8, .cuda = true, .bf16 = false, .device_memory = std::nullopt};
+  const MemoryPlan hybrid = plan_memory(config, eight);
+  EXPECT_EQ(hybrid.shard_ranks, 2);
+  EXPECT_EQ(hybrid.optimizer, 8 * half);
+  EXPECT_EQ(hybrid.gradients, 4 * p + 4 * half);
+  // At stage 3 a rank holds half the weights, as 2 ranks without groups would.
+  config.dist.zero_stage = 3;
+  const MemoryPlan hybrid3 = plan_memory(config, eight);
+  config.dist.shard_ranks = 0;
+  const MemoryPlan two =
+      plan_memory(config, {.ranks = 2, .cuda = true, .bf16 = false, .device_memory = std::nullopt});
+  EXPECT_EQ(hybrid3.weights, two.weights);
+  EXPECT_EQ(hybrid3.gradients, two.gradients);
+  EXPECT_EQ(hybrid3.optimizer, two.optimizer);
+  EXPECT_LT(plan_memory(config, eight).weights, hybrid3.weights);
+
+  config.dist.shard_ranks = 3;
+  EXPECT_THROW(plan_memory(config, eight), UserError);
+}
+
 // Muon keeps one momentum per block matrix (AdamW two moments of the rest), shards whole
 // parameters, and all-reduces the gradients whole; the unsharded plan is the bytes MuonOptimizer
 // holds, less the AdamW step count.

@@ -249,6 +249,7 @@ const std::vector<KeyAliases>& key_aliases() {
       {"dist.backend", {"ddp_backend"}},
       {"dist.bucket_mb", {"bucket_cap_mb", "ddp_bucket_cap_mb"}},
       {"dist.zero_stage", {"zero_optimization"}},
+      {"dist.shard_ranks", {"data_parallel_shard_degree", "sharding_group_size"}},
       {"train.activation_checkpointing",
        {"gradient_checkpointing", "activation_checkpoint", "recompute_activations",
         "checkpoint_activations"}},
@@ -481,6 +482,12 @@ void check_consistency(const Config& config, const std::string& source) {
         "orthogonalises whole matrices: with optim.name muon use dist.zero_stage 1, which shards "
         "its state by matrix",
         source, config.dist.zero_stage));
+  }
+  if (config.dist.shard_ranks > 0 && config.dist.zero_stage == 0) {
+    throw UserError(fmt::format(
+        "{}: dist.shard_ranks {} groups the ranks that share what dist.zero_stage 1, 2 or 3 "
+        "shards, and dist.zero_stage is 0: every rank holds everything whole",
+        source, config.dist.shard_ranks));
   }
   check_absolute_paths(config, source);
 }

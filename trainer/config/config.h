@@ -140,6 +140,12 @@ namespace mltrain {
       "its 1/N of the weights, each block's (and the embedding's and the head's) all-gathered "    \
       "just before it runs forward or backward and freed after (AdamW only)",                      \
       between(0, 3))                                                                               \
+  KEY(S, int64_t, shard_ranks, 0,                                                                  \
+      "with dist.zero_stage 1, 2 or 3, how many ranks share one copy of what is sharded: groups "  \
+      "of this many consecutive ranks (a node's) each hold a whole replica, cut among them, and "  \
+      "average their gradients across the groups (hybrid sharding, HSDP); it must divide the "     \
+      "ranks. 0: all of them, one group",                                                          \
+      at_least(0))                                                                                 \
   KEY(S, int64_t, timeout_s, 600,                                                                  \
       "seconds before a stuck collective is an error naming the ranks behind (RUN_DIR/flight); "   \
       "at most a week, so that its deadlines in milliseconds never overflow",                      \

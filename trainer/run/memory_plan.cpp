@@ -156,7 +156,7 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
 // whole, with no averaged part. The update of one parameter at a time takes temporaries of its
 // size (its gradient's and momentum's, the stacked orthogonalised matrices) and the two Gram
 // matrices of one matrix's shorter side.
-void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
+void plan_muon(const Config& config, MemoryPlan& plan) {
   const ModelConfig& model = config.model;
   const auto values = static_cast<double>(plan.parameters);
   plan.muon = true;
@@ -168,8 +168,10 @@ void plan_muon(const Config& config, double ranks, MemoryPlan& plan) {
                                          2 * model.d_ffn, model.n_q_heads * model.head_dim}));
   const double rest = values - matrices;
   plan.optimizer_unsharded = 8 * rest + 4 * matrices;
-  plan.optimizer_sharded = 8 * rest + 4 * std::min(matrices, std::ceil(matrices / ranks) + largest);
-  plan.gradients = 4 * values + (config.dist.grad_dtype == "bf16" && ranks > 1 ? 2 * values : 0);
+  plan.optimizer_sharded =
+      8 * rest + 4 * std::min(matrices, std::ceil(matrices / plan.shard_ranks) + largest);
+  plan.gradients =
+      4 * values + (config.dist.grad_dtype == "bf16" && plan.target.ranks > 1 ? 2 * values : 0);
   const double side = count(model.d_model);  // a matrix's shorter side is at most d_model
   plan.working += 4 * (6 * largest + 2 * side * side);
 }
@@ -219,16 +221,29 @@ double whole_unit_values(const ModelConfig& model) {
 
 }  // namespace
 
+int shard_group_size(const Config& config, int ranks) {
+  const int64_t shard_ranks = config.dist.shard_ranks;
+  if (shard_ranks == 0 || config.dist.zero_stage == 0) return ranks;
+  if (ranks % shard_ranks != 0) {
+    throw UserError(fmt::format(
+        "dist.shard_ranks {} does not divide the {} ranks: the ranks are cut into groups of that "
+        "many, each holding a whole replica; use a divisor of {} (a node's ranks), or 0 for one "
+        "group of all",
+        shard_ranks, ranks, ranks));
+  }
+  return static_cast<int>(shard_ranks);
+}
+
 bool shards_optimizer(const Config& config, int ranks) {
-  return config.dist.zero_stage >= 1 && ranks > 1;
+  return config.dist.zero_stage >= 1 && shard_group_size(config, ranks) > 1;
 }
 
 bool shards_gradients(const Config& config, int ranks) {
-  return config.dist.zero_stage >= 2 && ranks > 1;
+  return config.dist.zero_stage >= 2 && shard_group_size(config, ranks) > 1;
 }
 
 bool shards_weights(const Config& config, int ranks) {
-  return config.dist.zero_stage == 3 && ranks > 1;
+  return config.dist.zero_stage == 3 && shard_group_size(config, ranks) > 1;
 }
 
 MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
@@ -237,13 +252,16 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   MemoryPlan plan;
   plan.parameters = model.parameters();
   plan.target = target;
+  plan.shard_ranks = shard_group_size(config, target.ranks);
+  // What is sharded is cut among the ranks of a group (all of them, but for dist.shard_ranks).
+  const auto shard = static_cast<double>(plan.shard_ranks);
   plan.sharded = shards_optimizer(config, target.ranks);
   plan.activation_checkpointing = config.train.activation_checkpointing;
 
   const auto values = static_cast<double>(plan.parameters);
-  // Sharded, each bucket pads to a multiple of the ranks: at most ranks - 1 values a bucket, left
-  // out here.
-  const double part = std::ceil(values / ranks);
+  // Sharded, each bucket pads to a multiple of the group's ranks: at most shard - 1 values a
+  // bucket, left out here.
+  const double part = std::ceil(values / shard);
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
   plan.weights_sharded = shards_weights(config, target.ranks);
   // Sharded, this rank's part of every unit and the units whole at once; and the rotary tables,
@@ -276,7 +294,7 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
         plan.weights_sharded
             ? largest_unit(model)
             : std::max(config.dist.bucket_mb * 1024 * 1024 / 4, largest_parameter(model));
-    plan.gradients += (bf16_wire ? 2 : 4) * (overlap ? 2 : 1) * std::ceil(largest_bucket / ranks);
+    plan.gradients += (bf16_wire ? 2 : 4) * (overlap ? 2 : 1) * std::ceil(largest_bucket / shard);
   } else if (bf16_wire && plan.sharded) {
     plan.gradients += 2 * part;  // each bucket's part received in bf16
   }
@@ -291,7 +309,7 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
       plan.activation_checkpointing ? plan.activations_checkpointed : plan.activations_kept_all;
 
   plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
-  if (config.optim.name == "muon") plan_muon(config, ranks, plan);
+  if (config.optim.name == "muon") plan_muon(config, plan);
   plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
   // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded;
   // with train.async_checkpoint, rank 0's copy of the weights and of that state, held from the
@@ -323,8 +341,8 @@ std::string describe(const MemoryPlan& plan) {
                               : "");
   line(plan.muon ? "optimizer state (Muon and AdamW)" : "optimizer state (AdamW moments)",
        plan.optimizer,
-       fmt::format("dist.zero_stage 0: {}, 1: {} at {} ranks", gb(plan.optimizer_unsharded),
-                   gb(plan.optimizer_sharded), plan.target.ranks));
+       fmt::format("dist.zero_stage 0: {}, 1: {} cut among {} ranks", gb(plan.optimizer_unsharded),
+                   gb(plan.optimizer_sharded), plan.shard_ranks));
   line("activations per micro-batch", plan.activations,
        fmt::format("train.activation_checkpointing false: {}, true: {}",
                    gb(plan.activations_kept_all), gb(plan.activations_checkpointed)));
@@ -403,8 +421,11 @@ std::string memory_shortfall(const MemoryPlan& plan, const Config& config) {
 
 std::string describe_stages(const Config& config, const PlanTarget& target) {
   if (target.ranks < 2 || !target.device_memory) return "";
-  std::string text = fmt::format("dist.zero_stage per rank of {} ranks of {}:", target.ranks,
-                                 gb(*target.device_memory));
+  std::string text = fmt::format(
+      "dist.zero_stage per rank of {} ranks of {}{}:", target.ranks, gb(*target.device_memory),
+      config.dist.shard_ranks > 0
+          ? fmt::format(", sharded within groups of dist.shard_ranks = {}", config.dist.shard_ranks)
+          : "");
   std::optional<int64_t> lowest;
   for (int64_t stage = 0; stage <= 3; ++stage) {
     if (stage >= 2 && config.optim.name == "muon") {

@@ -30,6 +30,7 @@ struct PlanTarget {
 struct MemoryPlan {
   int64_t parameters = 0;
   PlanTarget target;
+  int shard_ranks = 1;             // the ranks that what is sharded is cut among (dist.shard_ranks)
   bool sharded = false;            // dist.zero_stage 1, 2 or 3: the optimizer state
   bool gradients_sharded = false;  // dist.zero_stage 2 or 3: the gradients too
   bool weights_sharded = false;    // dist.zero_stage 3: the weights too
@@ -44,7 +45,7 @@ struct MemoryPlan {
   double gradients = 0;
   double optimizer = 0;  // the optimizer's state (AdamW's two moments) at the configured zero_stage
   double optimizer_unsharded = 0;       // the same at zero_stage 0
-  double optimizer_sharded = 0;         // the same at zero_stage 1, at `ranks` ranks
+  double optimizer_sharded = 0;         // the same at zero_stage 1, cut among shard_ranks ranks
   double activations = 0;               // kept for backward, per micro-batch, as configured
   double activations_kept_all = 0;      // without activation checkpointing
   double activations_checkpointed = 0;  // with it
@@ -93,8 +94,11 @@ ComputePath compute_path(const Config& config, const PlanTarget& target);
 double activation_bytes(const ModelConfig& model, int64_t tokens, const ComputePath& path,
                         bool activation_checkpointing);
 
+// How many ranks what a run of `config` on `ranks` ranks shards is cut among: dist.shard_ranks
+// (hybrid sharding), or every rank. A UserError where dist.shard_ranks does not divide `ranks`.
+int shard_group_size(const Config& config, int ranks);
 // Whether a run of `config` on `ranks` ranks shards its optimizer: dist.zero_stage 1 with more
-// than one rank (one rank has nothing to share the state with).
+// than one rank to a group (one rank has nothing to share the state with).
 bool shards_optimizer(const Config& config, int ranks);
 // Whether it shards its gradients too: dist.zero_stage 2 or 3 with more than one rank.
 bool shards_gradients(const Config& config, int ranks);

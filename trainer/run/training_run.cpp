@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "dist/flight_recorder.h"
 #include "dist/grad_reducer.h"
+#include "dist/hybrid_communicator.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_state_dict.h"
 #include "trainer/checkpoint/checkpoint_store.h"
@@ -241,6 +242,9 @@ class TrainingRun {
   const PrecisionChoice precision_;
   const BatchLayout layout_;
   std::unique_ptr<Communicator> communicator_;
+  // With dist.shard_ranks, what the optimizer shards within each group of ranks and averages
+  // across them (hybrid_communicator.h): declared before the optimizer, which uses it.
+  std::unique_ptr<Communicator> shard_groups_;
   // With data.document_masking, where documents begin: found before the data is read.
   const std::optional<int64_t> document_start_;
   std::vector<RunSource> sources_;  // the corpora, whole before any pointer to them is taken
@@ -425,8 +429,16 @@ void TrainingRun::build_optimizer() {
     spdlog::info("dist.zero_stage {} on one rank: nothing to shard, the optimizer runs whole",
                  config_.dist.zero_stage);
   }
+  const int shard_ranks = shard_group_size(config_, world_.size);
+  if (sharded && shard_ranks < world_.size) {
+    shard_groups_ = make_hybrid_communicator(*communicator_, shard_ranks);
+    spdlog::info(
+        "dist.shard_ranks {}: {} groups of {} ranks, each sharding one replica among its ranks, "
+        "their gradients averaged across the groups",
+        shard_ranks, world_.size / shard_ranks, shard_ranks);
+  }
   optimizer_ =
-      make_optimizer(hf_parameters(model_), *communicator_,
+      make_optimizer(hf_parameters(model_), shard_groups_ ? *shard_groups_ : *communicator_,
                      {.buckets = {.bucket_mb = config_.dist.bucket_mb},
                       .overlap = overlap_all_reduce(config_.dist.overlap, device_),
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
@@ -567,7 +579,7 @@ void TrainingRun::announce() {
                static_cast<double>(optimizer_->state_bytes()) / 1e6,
                shards_optimizer(config_, world_.size)
                    ? fmt::format(" (dist.zero_stage {}: its part of {} ranks')",
-                                 config_.dist.zero_stage, world_.size)
+                                 config_.dist.zero_stage, shard_group_size(config_, world_.size))
                    : "");
   announce_sources();
   if (document_start_) announce_document_masking();
