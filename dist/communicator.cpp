@@ -34,11 +34,6 @@ MPI_Datatype mpi_type(const at::Tensor& tensor) {
   }
 }
 
-class DoneWork : public CollectiveWork {
- public:
-  void wait() override {}
-};
-
 class KnownSum : public PendingSum {
  public:
   explicit KnownSum(double sum) : sum_(sum) {}
@@ -64,19 +59,19 @@ class SingleRankCommunicator : public Communicator {
 
  protected:
   std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor&, int64_t) override {
-    return std::make_unique<DoneWork>();
+    return completed_work();
   }
   std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
                                                                const at::Tensor& output,
                                                                int64_t) override {
     if (!input.is_same(output)) output.copy_(input.view_as(output));
-    return std::make_unique<DoneWork>();
+    return completed_work();
   }
   std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor&, int64_t) override {
-    return std::make_unique<DoneWork>();
+    return completed_work();
   }
   std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor&, int, int64_t) override {
-    return std::make_unique<DoneWork>();
+    return completed_work();
   }
 };
 
@@ -160,6 +155,9 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<Communicator> group(const RankGroup& group) override {
+    // MPI_Comm_split blocks with no deadline: every rank meets in a recorded host sum first, which
+    // has one, so that a rank that never comes is named rather than waited for.
+    all_reduce_sum(0.0);
     MPI_Comm comm = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, group.color, group.rank, &comm),
               fmt::format("MPI_Comm_split ({} group {})", group.name, group.color));
@@ -255,6 +253,10 @@ Communicator::~Communicator() = default;
 
 FlightRecorder& Communicator::flight() const { return *flight_; }
 
+std::unique_ptr<CollectiveWork> Communicator::average_across_replicas(const at::Tensor&) {
+  return completed_work();
+}
+
 std::unique_ptr<CollectiveWork> Communicator::all_reduce_average(const at::Tensor& tensor,
                                                                  int bucket) {
   const int64_t seq = enqueued("all-reduce", tensor, bucket);
@@ -298,6 +300,14 @@ std::unique_ptr<CollectiveWork> Communicator::recorded(
   flight_->explained(seq, [&] { work = start(); });
   flight_->started(seq);
   return std::make_unique<RecordedWork>(std::move(work), flight_, seq);
+}
+
+std::unique_ptr<CollectiveWork> completed_work() {
+  class Completed : public CollectiveWork {
+   public:
+    void wait() override {}
+  };
+  return std::make_unique<Completed>();
 }
 
 std::string collective_name(const std::string& collective, const at::Tensor& tensor) {

@@ -64,6 +64,8 @@ class Communicator {
   virtual ~Communicator();
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // This rank's place among every rank of the run: rank(), but for a group's communicator.
+  virtual int run_rank() const { return rank(); }
 
   // Replaces a contiguous tensor with its average over the ranks; asynchronous. `bucket` names
   // the gradient bucket it carries in the flight record (-1: none).
@@ -71,9 +73,15 @@ class Communicator {
   // Averages the contiguous `input` over the ranks and leaves this rank's part of the average in
   // the contiguous `output`: rank r gets input's elements [r n, (r + 1) n), where n is
   // output.numel() and input.numel() is size() n. Asynchronous; neither tensor may change before
-  // wait().
+  // wait(). With replicas (hybrid sharding), the average is over this rank's group only, and
+  // average_across_replicas completes it.
   std::unique_ptr<CollectiveWork> reduce_scatter_average(const at::Tensor& input,
                                                          const at::Tensor& output, int bucket = -1);
+  // Replaces `part` (a reduce-scatter's output, or a sum of them) with its average over the ranks
+  // that hold the same part in the other groups of a hybrid sharding (hybrid_communicator.h):
+  // once a step, where the reduce-scatters of every micro-step stay within the group. Without
+  // replicas, nothing. Asynchronous.
+  virtual std::unique_ptr<CollectiveWork> average_across_replicas(const at::Tensor& part);
   // Fills the contiguous `tensor`, of size() parts of n elements, with every rank's own part: rank
   // r's elements [r n, (r + 1) n) reach every rank. In place; asynchronous.
   std::unique_ptr<CollectiveWork> all_gather(const at::Tensor& tensor, int bucket = -1);
@@ -132,6 +140,9 @@ class Communicator {
   std::shared_ptr<FlightRecorder> flight_;
   bool records_ = true;
 };
+
+// Work that is already complete: a collective with nothing to do.
+std::unique_ptr<CollectiveWork> completed_work();
 
 // How messages name a collective over `tensor`: collective_name("all-reduce", tensor) is "the
 // all-reduce of 1024 Float values".

@@ -255,6 +255,7 @@ void GradReducer::launch_next_bucket() {
 void GradReducer::finish() {
   if (options_.release_buckets) {
     flush_released();
+    average_parts_across_replicas();
     return;
   }
   // Parameters that backward did not reach have had no hook to check their .grad.
@@ -280,6 +281,17 @@ void GradReducer::finish() {
     bucket.pending = bucket.layout.members.size();
   }
   next_to_launch_ = 0;
+  average_parts_across_replicas();
+}
+
+// Scattered, each part holds the average over this rank's group (summed over the micro-steps when
+// released); with replicas (hybrid sharding) it is averaged with the other groups' now, once a
+// step.
+void GradReducer::average_parts_across_replicas() {
+  std::vector<std::unique_ptr<CollectiveWork>> works;
+  for (const at::Tensor& part : averaged_parts_)
+    works.push_back(communicator_.average_across_replicas(part));
+  for (const auto& work : works) work->wait();
 }
 
 void GradReducer::zero_grad() {

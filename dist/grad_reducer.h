@@ -41,6 +41,9 @@ namespace mltrain {
 // gradients through every backward, which is what stage 2 exists to avoid; the cost is one
 // reduce-scatter per micro-step instead of per step. A rank holds whole gradients of about two
 // buckets at a time.
+//
+// Under hybrid sharding (hybrid_communicator.h) the reduce-scatters average within the rank's
+// group, and finish() averages each part across the groups: once a step, not once a micro-step.
 struct ReducerOptions {
   bool overlap = true;           // launch each bucket as soon as its gradients are complete
   bool compress_bf16 = false;    // buckets travel as bf16 (half the bytes), averaged in bf16
@@ -104,6 +107,7 @@ class GradReducer {
   void flush_released();
   void end_micro_step();
   void make_receiving_buffers();
+  void average_parts_across_replicas();
   at::Tensor receiving_part(size_t bucket) const;
 
   std::vector<at::Tensor> parameters_;

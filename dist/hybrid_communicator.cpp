@@ -8,23 +8,19 @@
 namespace mltrain {
 namespace {
 
-// An operation within the group, then an all-reduce average of `result` across the replicas.
-// The second starts only when the first is waited for: on the CPU, where a rank advances its
-// collectives only inside its calls, nothing is lost; on CUDA it is enqueued behind the first.
+// An all-reduce average within the group, then of its result across the replicas: the second
+// starts only when the first is waited for (on CUDA, enqueued behind it).
 class ThenAcrossReplicas : public CollectiveWork {
  public:
   ThenAcrossReplicas(std::unique_ptr<CollectiveWork> within, Communicator& replicas,
-                     at::Tensor result, int bucket)
-      : within_(std::move(within)),
-        replicas_(replicas),
-        result_(std::move(result)),
-        bucket_(bucket) {}
+                     at::Tensor result)
+      : within_(std::move(within)), replicas_(replicas), result_(std::move(result)) {}
 
   void wait() override {
     if (within_) {
       within_->wait();
       within_.reset();
-      across_ = replicas_.all_reduce_average(result_, bucket_);
+      across_ = replicas_.all_reduce_average(result_);
     }
     across_->wait();
   }
@@ -36,13 +32,7 @@ class ThenAcrossReplicas : public CollectiveWork {
   std::unique_ptr<CollectiveWork> within_;
   Communicator& replicas_;
   at::Tensor result_;
-  int bucket_;
   std::unique_ptr<CollectiveWork> across_;
-};
-
-class Done : public CollectiveWork {
- public:
-  void wait() override {}
 };
 
 class HybridCommunicator : public Communicator {
@@ -55,9 +45,13 @@ class HybridCommunicator : public Communicator {
 
   int rank() const override { return shard_->rank(); }
   int size() const override { return shard_->size(); }
+  int run_rank() const override { return replicas_->rank() * shard_->size() + shard_->rank(); }
 
   std::unique_ptr<PendingSum> start_all_reduce_sum(double value) override {
     return shard_->start_all_reduce_sum(value);
+  }
+  std::unique_ptr<CollectiveWork> average_across_replicas(const at::Tensor& part) override {
+    return replicas_->all_reduce_average(part);
   }
   std::unique_ptr<Communicator> group(const RankGroup&) override {
     throw std::logic_error("a hybrid communicator's groups are made from the run's communicator");
@@ -67,13 +61,12 @@ class HybridCommunicator : public Communicator {
   std::unique_ptr<CollectiveWork> start_all_reduce_average(const at::Tensor& tensor,
                                                            int64_t) override {
     return std::make_unique<ThenAcrossReplicas>(shard_->all_reduce_average(tensor), *replicas_,
-                                                tensor, -1);
+                                                tensor);
   }
   std::unique_ptr<CollectiveWork> start_reduce_scatter_average(const at::Tensor& input,
                                                                const at::Tensor& output,
                                                                int64_t) override {
-    return std::make_unique<ThenAcrossReplicas>(shard_->reduce_scatter_average(input, output),
-                                                *replicas_, output, -1);
+    return shard_->reduce_scatter_average(input, output);
   }
   std::unique_ptr<CollectiveWork> start_all_gather(const at::Tensor& tensor, int64_t) override {
     return shard_->all_gather(tensor);
@@ -81,7 +74,7 @@ class HybridCommunicator : public Communicator {
   std::unique_ptr<CollectiveWork> start_broadcast(const at::Tensor& tensor, int root,
                                                   int64_t) override {
     shard_->broadcast(tensor, root);
-    return std::make_unique<Done>();
+    return completed_work();
   }
 
  private:

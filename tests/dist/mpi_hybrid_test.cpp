@@ -41,20 +41,36 @@ TEST_F(HybridCommunicator, ItsRanksAreTheGroups) {
   EXPECT_EQ(hybrid_->rank(), world.rank % kShardRanks);
 }
 
-// The average is over every rank, and each rank gets its group rank's part of it.
-TEST_F(HybridCommunicator, ReduceScatterAveragesOverEveryRankAndCutsWithinTheGroup) {
+// A reduce-scatter averages within the group, each rank getting its group rank's part; averaged
+// across the replicas it is the average over every rank.
+TEST_F(HybridCommunicator, ReduceScatterAveragesInTheGroupAndTheReplicasCompleteIt) {
   const int64_t part = 3;
   const at::Tensor input = values_of(world.rank, part * kShardRanks);
   const at::Tensor output = at::empty({part});
   hybrid_->reduce_scatter_average(input, output)->wait();
-  // The mean of rank + 1 over ranks 0 .. size - 1 is (size + 1) / 2.
-  const at::Tensor average =
-      at::arange(1, part * kShardRanks + 1, at::kFloat) * (world.size + 1) / 2.0F;
-  EXPECT_TRUE(at::allclose(output, average.narrow(0, hybrid_->rank() * part, part)))
-      << output << average;
+  const at::Tensor ones_to_n = at::arange(1, part * kShardRanks + 1, at::kFloat);
+  // The mean of rank + 1 over the group's ranks g K .. g K + K - 1 is g K + (K + 1) / 2.
+  const float group_mean = static_cast<float>(first_of_group()) + (kShardRanks + 1) / 2.0F;
+  const at::Tensor mine = ones_to_n.narrow(0, hybrid_->rank() * part, part);
+  EXPECT_TRUE(at::allclose(output, mine * group_mean)) << output;
+  hybrid_->average_across_replicas(output)->wait();
+  // Over every rank, 0 .. size - 1: (size + 1) / 2.
+  EXPECT_TRUE(at::allclose(output, mine * (world.size + 1) / 2.0F)) << output;
   // The input is not changed.
   EXPECT_TRUE(at::equal(input, values_of(world.rank, part * kShardRanks)));
 }
+
+// Without replicas there is nothing to average across.
+TEST(Communicator, AveragesAcrossNoReplicasWithoutChangingThePart) {
+  const auto ranks = make_communicator(world);
+  const at::Tensor part = values_of(world.rank, 4);
+  ranks->average_across_replicas(part)->wait();
+  EXPECT_TRUE(at::equal(part, values_of(world.rank, 4)));
+}
+
+// The run's rank of a group's rank: where rank 0 of the run, which alone keeps a gathered
+// optimizer state, is.
+TEST_F(HybridCommunicator, KnowsItsRankInTheRun) { EXPECT_EQ(hybrid_->run_rank(), world.rank); }
 
 TEST_F(HybridCommunicator, AllReduceAveragesOverEveryRank) {
   const at::Tensor tensor = values_of(world.rank, 5);
@@ -93,6 +109,7 @@ TEST_F(HybridCommunicator, TheGroupsCollectivesAreRecordedOnceInTheRunsRecorder)
   const at::Tensor input = values_of(world.rank, 2 * kShardRanks);
   const at::Tensor output = at::empty({2});
   hybrid_->reduce_scatter_average(input, output)->wait();
+  hybrid_->average_across_replicas(output)->wait();
   const int64_t after = ranks_->flight().last_seq();
   EXPECT_EQ(after - before, 2) << "a reduce-scatter in the group, an all-reduce across them";
   const std::vector<FlightEntry> entries = ranks_->flight().entries();

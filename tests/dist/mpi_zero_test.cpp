@@ -15,8 +15,8 @@
 #include "model/safetensors.h"
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
-#include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
+#include "trainer/machine/cpu_allocation_counter.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/zero1_adamw.h"
 #include "trainer/optim/zero3_adamw.h"
@@ -128,7 +128,7 @@ TEST(ReleasedReducer, EachRankAddsUpItsPartOfEveryMicroStepAndKeepsNoWholeGradie
       const auto communicator = make_communicator(world);
       const std::vector<BucketLayout> buckets =
           assign_buckets(parameters, small_buckets, world.size);
-      const testing::CpuAllocationCounter counter;
+      const CpuAllocationCounter counter;
       GradReducer reducer(parameters, buckets, *communicator,
                           {.overlap = overlap,
                            .compress_bf16 = compress_bf16,

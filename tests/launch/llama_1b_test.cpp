@@ -28,7 +28,8 @@ TEST(Llama1b, PlansItsMemoryOnEightGpusOf80And141GB) {
     ASSERT_EQ(plan.exit_code, 0) << plan.output;
     // TinyLlama-1.1B's parameter count, as Hugging Face reports it for the same shape.
     EXPECT_CONTAINS(plan.output, "1100048384 parameters, 8 ranks on CUDA, bf16 autocast");
-    EXPECT_CONTAINS(plan.output, "1: 1.10 GB at 8 ranks");  // the AdamW state, an eighth of 8.8 GB
+    EXPECT_CONTAINS(plan.output,
+                    "1: 1.10 GB cut among 8 ranks");  // the AdamW state, an eighth of 8.8 GB
     EXPECT_CONTAINS(plan.output, std::string("of ") + memory + ".00 GB per rank: fits");
   }
   // Twice the micro-batch outgrows 80 GB, says so and what would fit, and exits as the run would

@@ -18,13 +18,12 @@
 #include "model/kernels.h"
 #include "model/llama.h"
 #include "tests/model/tiny_config.h"
-#include "tests/support/cpu_allocation_counter.h"
 #include "tests/support/test_support.h"
+#include "trainer/machine/cpu_allocation_counter.h"
 
 namespace mltrain {
 namespace {
 
-using testing::CpuAllocationCounter;
 using testing::relative_error;
 using testing::tiny_config;
 

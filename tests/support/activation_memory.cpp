@@ -6,7 +6,7 @@
 #include "model/autocast_region.h"
 #include "model/llama.h"
 #include "model/packed_documents.h"
-#include "tests/support/cpu_allocation_counter.h"
+#include "trainer/machine/cpu_allocation_counter.h"
 
 namespace mltrain::testing {
 namespace {

@@ -20,7 +20,7 @@ ModelConfig small_base();
 // The bytes that the loss of one micro-batch of random tokens [batch, length] and its graph hold
 // after forward, on `device`, under bf16 autocast where asked (the weights' casts it caches count
 // too); with `document_start`, of its packed documents (data.document_masking) too. The CPU's are
-// the bytes allocated while it runs and not freed (testing::CpuAllocationCounter); CUDA's, the
+// the bytes allocated while it runs and not freed (CpuAllocationCounter); CUDA's, the
 // caching allocator's allocated bytes after against before.
 int64_t measured_activations(const ModelConfig& config, Kernels kernels, int64_t batch,
                              int64_t length, bool bf16, bool checkpointing,

@@ -108,6 +108,12 @@ namespace mltrain {
       "memory falls several times (8x on a 297M model) for one more forward pass of the "        \
       "blocks",                                                                                  \
       {})                                                                                        \
+  KEY(S, std::string, cpu_memory, "resident",                                                    \
+      "what the peak memory logged on the CPU counts: resident (the process's peak resident "    \
+      "set: the libraries too, and blocks freed but not returned) or allocator (the bytes of "   \
+      "the tensors LibTorch's CPU allocator holds, counted through a wrapper around it: what "   \
+      "the memory plan counts)",                                                                 \
+      one_of({"resident", "allocator"}))                                                         \
   KEY(S, bool, check_memory, true,                                                               \
       "refuse to start a run whose memory plan exceeds the device's memory (false: warn and "    \
       "start)",                                                                                  \

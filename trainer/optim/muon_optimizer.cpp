@@ -82,7 +82,7 @@ void MuonOptimizer::update(double lr, const at::Tensor& skip) {
 }
 
 OptimizerState MuonOptimizer::state() const {
-  const bool keep = !sharded_ || communicator_.rank() == 0;
+  const bool keep = !sharded_ || communicator_.run_rank() == 0;
   OptimizerState state;
   if (keep) state = adamw_.state();
   for (const Matrix& matrix : matrices_) {

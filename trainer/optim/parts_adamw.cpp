@@ -48,7 +48,7 @@ void PartsAdamW::add_pieces_to_update(const BucketLayout& bucket, const Part& pa
 
 OptimizerState PartsAdamW::state() const {
   at::NoGradGuard no_grad;
-  const bool keep = communicator_.rank() == 0;
+  const bool keep = communicator_.run_rank() == 0;
   OptimizerState state;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketLayout& bucket = buckets_[b];

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <optional>
 
 #include "data/loader.h"
 #include "model/autocast_region.h"
@@ -24,22 +25,31 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
                     int64_t eval_batches, c10::Device device, bool bf16, Communicator& communicator,
                     std::optional<int64_t> document_start) {
   at::NoGradGuard no_grad;
-  const WeightCastCache casts;  // under bf16 autocast, one cast of the weights for every batch
+  // Under ZeRO-3 (unit hooks) each unit's weights are gathered as the model runs it and freed
+  // after: a cache of their bf16 casts would hold the whole model again, and a rank that skipped a
+  // batch would leave the others waiting in its gathers. So there the casts are made unit by unit,
+  // and a rank past the last window runs the batch all the same, on the first window, uncounted.
+  const bool sharded_weights = model->has_unit_hooks();
+  std::optional<WeightCastCache> casts;  // under bf16 autocast, one cast for every batch
+  if (!sharded_weights) casts.emplace();
   model->eval();
   double loss_sum = 0.0;
   int64_t tokens = 0;
   const int64_t batches = validation_batches(windows.num_windows(), layout, eval_batches);
   for (int64_t batch = 0; batch < batches; ++batch) {
-    const std::vector<int64_t> indices =
+    std::vector<int64_t> indices =
         validation_windows(windows.num_windows(), layout, batch, communicator.rank());
-    if (indices.empty()) continue;
+    const bool counted = !indices.empty();
+    if (!counted && !sharded_weights) continue;
+    if (!counted) indices = {0};
     const at::Tensor host_window = gather_windows(windows, indices);
     const at::Tensor window = host_window.to(device);
     const std::optional<PackedDocuments> documents =
         documents_of(host_window, document_start, device);
+    const at::Tensor loss = window_loss(model, window, device, bf16, documents);
+    if (!counted) continue;
     const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
-    loss_sum += window_loss(model, window, device, bf16, documents).item<double>() *
-                static_cast<double>(batch_tokens);
+    loss_sum += loss.item<double>() * static_cast<double>(batch_tokens);
     tokens += batch_tokens;
   }
   model->train();

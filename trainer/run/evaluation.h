@@ -27,7 +27,8 @@ struct Evaluation {
 // Evaluates the model on the first `eval_batches` validation batches (0: all) in file order, the
 // same windows on every run; each rank takes its slice and the sums are combined over the ranks.
 // Gradients are off; bf16 autocast follows `bf16`, and attention stays within documents with a
-// document_start (data.document_masking), as in training.
+// document_start (data.document_masking), as in training. Under ZeRO-3 the model's units are
+// gathered one after the other as in training's forward, every rank running every batch.
 Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout& layout,
                     int64_t eval_batches, c10::Device device, bool bf16, Communicator& communicator,
                     std::optional<int64_t> document_start = std::nullopt);

@@ -269,10 +269,10 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const double whole_units = std::min(whole_unit_values(model), values);
   plan.weights = (plan.weights_sharded ? 4 * part + 4 * whole_units : 4 * values) +
                  8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
-  // Saving and evaluating hold every unit whole beside the parts; evaluating under bf16 autocast,
-  // a bf16 cast of every weight too, kept for all its batches.
-  if (plan.weights_sharded)
-    plan.whole_between_steps = 4 * (values - whole_units) + (target.bf16 ? 2 * values : 0);
+  // The set-up (each rank builds or loads the whole model before taking its parts), saving and a
+  // rollback's load hold every unit whole beside the parts; evaluating gathers them unit by unit,
+  // as training does.
+  if (plan.weights_sharded) plan.whole_between_steps = 4 * (values - whole_units);
   plan.gradients_sharded = shards_gradients(config, target.ranks);
   // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;
   // with the weights sharded, the buckets are the units whole at once, and one parameter's
@@ -349,7 +349,7 @@ std::string describe(const MemoryPlan& plan) {
   line("working (casts, logits, recompute)", plan.working, "");
   if (plan.weights_sharded) {
     line("whole weights between steps", plan.whole_between_steps,
-         "saving and evaluating gather every unit, in place of the activations and working");
+         "the set-up, saving and a rollback hold every unit, in place of the activations");
   }
   if (plan.target.device_memory) {
     line("total", plan.total(),
@@ -430,6 +430,10 @@ std::string describe_stages(const Config& config, const PlanTarget& target) {
   for (int64_t stage = 0; stage <= 3; ++stage) {
     if (stage >= 2 && config.optim.name == "muon") {
       text += fmt::format(" {}: not with Muon;", stage);
+      continue;
+    }
+    if (stage == 0 && config.dist.shard_ranks > 0) {
+      text += " 0: not with dist.shard_ranks;";
       continue;
     }
     Config staged = config;

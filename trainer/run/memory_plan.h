@@ -55,9 +55,8 @@ struct MemoryPlan {
   double checkpoint_host = 0;
   bool async_checkpoint = false;  // train.async_checkpoint
 
-  // Sharded weights (dist.zero_stage 3): the whole weights, which saving and evaluating gather on
-  // every rank between steps beside the parts (and evaluation's bf16 casts of them), when no
-  // activation is held.
+  // Sharded weights (dist.zero_stage 3): the whole weights, which the set-up, saving and a
+  // rollback's load hold on every rank beside the parts, when no activation is held.
   double whole_between_steps = 0;
 
   double total() const {

@@ -30,6 +30,7 @@
 #include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/checkpoint/checkpoint_writer.h"
 #include "trainer/machine/compute_settings.h"
+#include "trainer/machine/cpu_allocation_counter.h"
 #include "trainer/machine/device.h"
 #include "trainer/machine/precision.h"
 #include "trainer/optim/optimizer.h"
@@ -229,6 +230,7 @@ class TrainingRun {
   bool any_rank_asked_to_stop();
   void settle_stop_vote();
   void note_write_failure();
+  int64_t peak_memory() const;
   std::optional<std::filesystem::path> settle_checkpoint_writes();
   [[noreturn]] void fail_write(const std::string& failure) const;
 
@@ -241,6 +243,8 @@ class TrainingRun {
   const c10::Device device_;
   const PrecisionChoice precision_;
   const BatchLayout layout_;
+  // With train.cpu_memory allocator on the CPU: what the run's tensors hold, from the start.
+  const std::unique_ptr<CpuAllocationCounter> cpu_allocations_;
   std::unique_ptr<Communicator> communicator_;
   // With dist.shard_ranks, what the optimizer shards within each group of ranks and averages
   // across them (hybrid_communicator.h): declared before the optimizer, which uses it.
@@ -303,6 +307,9 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       device_(rank_device(config.train.device, world)),
       precision_(precision_on_this_machine(config.train.precision, device_)),
       layout_{config.data.micro_batch, config.data.grad_accum, world.size},
+      cpu_allocations_(device_.is_cpu() && config.train.cpu_memory == "allocator"
+                           ? std::make_unique<CpuAllocationCounter>()
+                           : nullptr),
       communicator_(make_communicator(world, device_, config.dist.backend,
                                       static_cast<double>(config.dist.timeout_s),
                                       config.dist.rendezvous)),
@@ -426,8 +433,9 @@ void TrainingRun::build_model() {
 void TrainingRun::build_optimizer() {
   const bool sharded = shards_optimizer(config_, world_.size);
   if (config_.dist.zero_stage >= 1 && !sharded) {
-    spdlog::info("dist.zero_stage {} on one rank: nothing to shard, the optimizer runs whole",
-                 config_.dist.zero_stage);
+    spdlog::info(
+        "dist.zero_stage {} with one rank to {}: nothing to shard, the optimizer runs whole",
+        config_.dist.zero_stage, world_.size == 1 ? "the run" : "a group (dist.shard_ranks 1)");
   }
   const int shard_ranks = shard_group_size(config_, world_.size);
   if (sharded && shard_ranks < world_.size) {
@@ -697,7 +705,11 @@ void TrainingRun::run() {
   install_stop_handlers();
   // The peak memory logged is the training's, not the set-up's (which under ZeRO-3 holds the whole
   // weights until they are sharded).
-  reset_peak_memory(device_);
+  if (cpu_allocations_) {
+    cpu_allocations_->reset_peak();
+  } else {
+    reset_peak_memory(device_);
+  }
   start_ = Clock::now();
   while (schedule_->keep_going(progress_.step)) {
     const int64_t step = progress_.step + 1;
@@ -1025,8 +1037,8 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
       "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
       "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
       step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm,
-      values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed,
-      peak_memory_bytes(device_) / 1e9, duration_text(mean_step * steps_left));
+      values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed, peak_memory() / 1e9,
+      duration_text(mean_step * steps_left));
   if (leader_) {
     nlohmann::json record = {{"step", step},
                              {"loss", values.loss},
@@ -1036,7 +1048,7 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
                              {"data_ms", result.data_ms},
                              {"tokens_per_s", tokens_per_s},
                              {"flops_per_s", flops},
-                             {"peak_memory_bytes", peak_memory_bytes(device_)},
+                             {"peak_memory_bytes", peak_memory()},
                              {"elapsed_s", seconds_since(start_)}};
     if (device_.is_cpu()) {
       record["forward_backward_ms"] = result.forward_backward_ms;
@@ -1052,19 +1064,16 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
            {"train/tokens_per_s", tokens_per_s},
            peak_flops > 0 ? std::pair{std::string("train/mfu_percent"), 100 * flops / peak_flops}
                           : std::pair{std::string("train/gflops_per_s"), flops / 1e9},
-           {"train/peak_memory_gb", peak_memory_bytes(device_) / 1e9}});
+           {"train/peak_memory_gb", peak_memory() / 1e9}});
     }
   }
 }
 
 void TrainingRun::evaluate_now(int64_t step) {
-  // Whole under ZeRO-3, as the ranks may evaluate different numbers of batches, and a unit's
-  // all-gather needs them all.
-  const SourcesEvaluation evaluated = [&] {
-    const WholeWeights whole(*optimizer_);
-    return evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
-                            precision_.bf16, *communicator_, document_start_);
-  }();
+  // Under ZeRO-3 unit by unit, as training runs the model (evaluation.h).
+  const SourcesEvaluation evaluated =
+      evaluate_sources(model_, sources_, layout_, config_.train.eval_batches, device_,
+                       precision_.bf16, *communicator_, document_start_);
   const Evaluation& evaluation = evaluated.mean;
   progress_.best_val_loss = std::min(progress_.best_val_loss, evaluation.loss);
   spdlog::info("step {} | val loss {:.4f} | val ppl {:.2f} | {} tokens{}", step, evaluation.loss,
@@ -1122,6 +1131,12 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
     metrics_->write(
         {{"step", progress_.step}, {"checkpoint_pause_ms", 1e3 * seconds_since(start)}});
   return path;
+}
+
+// The peak memory since training started: the device's (peak_memory_bytes), or under
+// train.cpu_memory allocator the CPU allocator's.
+int64_t TrainingRun::peak_memory() const {
+  return cpu_allocations_ ? cpu_allocations_->peak_bytes() : peak_memory_bytes(device_);
 }
 
 // A stop vote of rank 0 whose background write failed: above any count of ranks asking to stop.

@@ -1,4 +1,4 @@
-#include "tests/support/cpu_allocation_counter.h"
+#include "trainer/machine/cpu_allocation_counter.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
-namespace mltrain::testing {
+namespace mltrain {
 namespace {
 
 // A block the wrapper handed out: the underlying allocator's block, freed through it, and the
@@ -123,4 +123,10 @@ int64_t CpuAllocationCounter::peak_bytes() const {
   return l.peak;
 }
 
-}  // namespace mltrain::testing
+void CpuAllocationCounter::reset_peak() {
+  Ledger& l = ledger();
+  const std::lock_guard lock(l.mutex);
+  l.peak = l.allocated;
+}
+
+}  // namespace mltrain
