@@ -223,7 +223,10 @@ TEST(MltrainCli, BadValuesOfTheMemoryKeysAreOneLineAndExitTwo) {
         std::pair{"train.activation_checkpointing=often",
                   "train.activation_checkpointing expects true or false, got \"often\""},
         std::pair{"train.check_memory=maybe",
-                  "train.check_memory expects true or false, got \"maybe\""}}) {
+                  "train.check_memory expects true or false, got \"maybe\""},
+        std::pair{"train.cpu_memory=rss",
+                  "train.cpu_memory must be one of resident, allocator, got \"rss\""},
+        std::pair{"dist.shard_ranks=-1", "dist.shard_ranks must be at least 0, got -1"}}) {
     const CommandResult run = mltrain(kBase + " --dry-run --set " + assignment);
     EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
     EXPECT_CONTAINS(run.output, message);
