@@ -7,7 +7,8 @@
 # (bench/step_profile.py), then benchmarks against torch.compile (bench/train_throughput.sh) the
 # base model in bf16 (with data.document_masking too, issue 26), configs/llama-1b.yaml's model in
 # bf16 (its MFU against the GPU's peak) and the base model in fp32, with every implementation's
-# peak memory, and, as the budget allows, bench/time_to_loss.sh on the base config (one seed) and
+# peak memory, the 1.1B model under dist.zero_stage=3 on its one GPU against the same without
+# (issue 44: a world of one must cost nothing), and, as the budget allows, bench/time_to_loss.sh on the base config (one seed) and
 # bench/checkpoint_pause.sh. The training run and the benchmarks take mltrain's CUDA kernels
 # (train.kernels: fused_cuda, the `fused` rows) where their tests passed in the same call, else
 # the ATen layers of train.kernels: auto (the `mltrain` rows). The stages run in the order of what
@@ -59,8 +60,10 @@ case $device in
   cuda)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-550}
     declare -A cap=([configure]=60 [build]=240 [ctest]=120 [train]=90 [bench_bf16]=170
-      [bench_1b]=200 [bench_fp32]=120 [time_to_loss]=120 [checkpoint_pause]=90)
-    declare -A bench_run_limit=([bench_bf16]=90 [bench_1b]=170 [bench_fp32]=100)
+      [bench_1b]=200 [bench_fp32]=120 [bench_1b_zero3]=160 [time_to_loss]=120
+      [checkpoint_pause]=90)
+    declare -A bench_run_limit=([bench_bf16]=90 [bench_1b]=170 [bench_fp32]=100
+      [bench_1b_zero3]=75)
     python=${MLTRAIN_PYTHON:-$(command -v python3)}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-100}
     train_sets=(train.precision=bf16 dist.backend=nccl train.log_every=10)
@@ -76,8 +79,8 @@ case $device in
   cpu)
     budget=${MLTRAIN_GPU_CHECK_BUDGET_S:-5400}
     declare -A cap=([configure]=300 [build]=3000 [ctest]=300 [train]=600 [bench_bf16]=900
-      [bench_1b]=0 [bench_fp32]=900 [time_to_loss]=900 [checkpoint_pause]=600)
-    declare -A bench_run_limit=([bench_bf16]=400 [bench_1b]=0 [bench_fp32]=400)
+      [bench_1b]=0 [bench_fp32]=900 [bench_1b_zero3]=0 [time_to_loss]=900 [checkpoint_pause]=600)
+    declare -A bench_run_limit=([bench_bf16]=400 [bench_1b]=0 [bench_fp32]=400 [bench_1b_zero3]=0)
     python=${MLTRAIN_PYTHON:-${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python}
     steps=${MLTRAIN_GPU_CHECK_STEPS:-10}
     train_sets=(train.precision=fp32 dist.backend=mpi train.log_every=2
@@ -320,20 +323,29 @@ bench_fp32() { benchmark fp32 "$kernels compile" "${bench_fp32_args[@]}"; }
 # against the GPU's dense bf16 peak, which makes that column the MFU; the runs' directories in
 # memory (/dev/shm), where each mltrain run's last checkpoint, 13 GB, is written in seconds.
 bench_1b() {
+  use_memory_for_1b_runs
   local peak
   peak=$("$python" -c 'import torch
 name = torch.cuda.get_device_name()
 # NVIDIA datasheets, dense bf16 (trainer/machine/device.cpp has the same table).
 print({"NVIDIA H100 80GB HBM3": 989.5e12, "NVIDIA H200": 989.5e12, "NVIDIA H100 PCIe": 756.5e12,
        "NVIDIA H100 NVL": 835.5e12, "NVIDIA H200 NVL": 835.5e12}.get(name, ""), name, sep="\t")')
-  # Room for two runs' 13 GB checkpoints at once, or the disk.
-  local shm_free
-  shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)
-  [[ -w /dev/shm && ${shm_free:-0} -gt 40000000000 ]] && export TMPDIR=/dev/shm
   # An unknown GPU has no peak: then the column says "not measured".
   BENCH_MATMUL=0 BENCH_MATMUL_FLOPS="${peak%%$'\t'*}" \
     BENCH_MATMUL_SOURCE="the dense bf16 peak of the ${peak#*$'\t'} by NVIDIA's datasheet: the column is the MFU" \
     benchmark bf16 "$kernels compile" "${bench_1b_args[@]}"
+}
+# The runs' directories in memory, where there is room for two runs' 13 GB checkpoints at once.
+use_memory_for_1b_runs() {
+  local shm_free
+  shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)
+  [[ -w /dev/shm && ${shm_free:-0} -gt 40000000000 ]] && export TMPDIR=/dev/shm
+}
+# The 1.1B model under dist.zero_stage=3 on its one GPU against the same run without sharding
+# (issue 44): a world of one shards nothing, so its tokens/s and peak memory must be the same.
+bench_1b_zero3() {
+  use_memory_for_1b_runs
+  BENCH_MATMUL=0 benchmark bf16 "mltrain zero3" "${bench_1b_args[@]}"
 }
 # benchmark PRECISION VARIANTS ARGS...: the table into $work/$STAGE_NAME.md.
 benchmark() {
@@ -384,7 +396,8 @@ if stage configure build.log configure; then
 else
   not_run build "the configure stage failed"
 fi
-after_build=(ctest train bench_bf16 bench_1b bench_fp32 time_to_loss checkpoint_pause)
+after_build=(ctest train bench_bf16 bench_1b bench_fp32 bench_1b_zero3 time_to_loss
+  checkpoint_pause)
 if ((built)); then
   # The training run, its profile and the benchmarks take mltrain's CUDA kernels where their tests
   # passed in this call, the layers of auto otherwise.

@@ -28,7 +28,9 @@
 #   BENCH_VARIANTS   which to run (default "mltrain eager compile"); "masked" is mltrain with
 #                    data.document_masking, reported against mltrain as masked/mltrain; "fused" is
 #                    mltrain with train.kernels=fused_cuda, its CUDA kernels on a GPU (mltrain is
-#                    train.kernels=auto, the ATen layers there), reported against both
+#                    train.kernels=auto, the ATen layers there), reported against both; "zero3"
+#                    is mltrain with dist.zero_stage=3 on its one rank, reported against mltrain
+#                    (a world of one shards nothing, and must cost nothing)
 #   BENCH_BUDGET_S   seconds for the whole benchmark: runs are cut off there (default: no limit)
 #   BENCH_RUN_LIMIT_S  seconds for one run, so that one that hangs leaves the others their time
 #                    (default: no limit but the budget)
@@ -169,6 +171,7 @@ measure() {
     mltrain) output=$(run_mltrain 2>&1) || rc=$? ;;
     masked) output=$(run_mltrain data.document_masking=true 2>&1) || rc=$? ;;
     fused) output=$(run_mltrain train.kernels=fused_cuda 2>&1) || rc=$? ;;
+    zero3) output=$(run_mltrain dist.zero_stage=3 2>&1) || rc=$? ;;
     eager | compile) output=$(run_reference "$variant" 2>&1) || rc=$? ;;
     *) echo "unknown variant $variant in BENCH_VARIANTS" >&2; exit 2 ;;
   esac
@@ -216,15 +219,15 @@ done
 "$python" - "$model" "$device" "$precision" "$tokens_per_step" "$steps" "$warmup" "$threads" \
   "$variants" "${rates[mltrain]:-}" "${rates[eager]:-}" "${rates[compile]:-}" "${dims[*]}" \
   "$seq_len" "$matmul_flops" "$matmul_source" "$loader" "$outside" "$peak_memory" \
-  "${rates[masked]:-}" "$tied" "${rates[fused]:-}" \
+  "${rates[masked]:-}" "$tied" "${rates[fused]:-}" "${rates[zero3]:-}" \
   <<'EOF' | tee -a "$log"
 import statistics, sys
 model, device, precision, tokens, steps, warmup, threads, variants = sys.argv[1:9]
 names = ["mltrain", "PyTorch eager", "PyTorch torch.compile", "mltrain, document masking",
-         "mltrain, train.kernels=fused_cuda"]
-variant_of = dict(zip(names, ["mltrain", "eager", "compile", "masked", "fused"]))
+         "mltrain, train.kernels=fused_cuda", "mltrain, dist.zero_stage=3 on one rank"]
+variant_of = dict(zip(names, ["mltrain", "eager", "compile", "masked", "fused", "zero3"]))
 runs = {name: [float(x) for x in values.split()]
-        for name, values in zip(names, sys.argv[9:12] + sys.argv[19:20] + sys.argv[21:22])
+        for name, values in zip(names, sys.argv[9:12] + sys.argv[19:20] + sys.argv[21:23])
         if variant_of[name] in variants.split()}
 V, d, L, H, KV, D, F = (int(x) for x in sys.argv[12].split())
 T = int(sys.argv[13])
@@ -280,6 +283,10 @@ if names[4] in medians:
                if other in medians]
 if peaks.get("fused") and peaks.get("compile"):
     ratios.append(f"peak memory fused/compile: {peaks['fused'] / peaks['compile']:.2f}x")
+if "mltrain" in medians and names[5] in medians:
+    ratios.append(f"zero3/mltrain: {medians[names[5]] / medians['mltrain']:.3f}x")
+    if peaks.get("zero3") and peaks.get("mltrain"):
+        ratios.append(f"peak memory zero3/mltrain: {peaks['zero3'] / peaks['mltrain']:.2f}x")
 print("\n" + ("; ".join(ratios) if ratios else "no ratio: mltrain or both references have no result"))
 print(f"\nFLOPs per token (PaLM, appendix B): 6 N + 12 n_layers n_q_heads head_dim seq_len = "
       f"6 x {N:,} + 12 x {L} x {H} x {D} x {T} = {flops_per_token / 1e6:,.1f} MFLOP; N is every "

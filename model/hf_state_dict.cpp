@@ -133,8 +133,13 @@ void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::st
   for (auto& [parameter, value] : copies) parameter.copy_(value);
 }
 
+const std::map<std::string, std::string>& hf_weights_metadata() {
+  static const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  return metadata;
+}
+
 void save_state_dict(const NamedTensors& state_dict, const std::filesystem::path& path) {
-  save_safetensors(path, state_dict, {{"format", "pt"}});
+  save_safetensors(path, state_dict, hf_weights_metadata());
 }
 
 void save_model_weights(const Llama& model, const std::filesystem::path& path) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "model/llama.h"
@@ -29,8 +30,11 @@ NamedTensors hf_state_dict(const Llama& model);
 // `source` and lists every offending key.
 void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::string& source);
 
+// The metadata of a weights file that transformers reads: format pt.
+const std::map<std::string, std::string>& hf_weights_metadata();
+
 // Writes tensors named as hf_state_dict names them as a safetensors file that transformers reads
-// (metadata format: pt).
+// (hf_weights_metadata).
 void save_state_dict(const NamedTensors& state_dict, const std::filesystem::path& path);
 void save_model_weights(const Llama& model, const std::filesystem::path& path);
 void load_model_weights(Llama& model, const std::filesystem::path& path);

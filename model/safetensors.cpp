@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/json_text.h"
+#include "common/shared_file.h"
 
 namespace mltrain {
 namespace {
@@ -109,38 +111,115 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::json& entry) {
 
 }  // namespace
 
-void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+SafetensorsLayout::SafetensorsLayout(const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata) {
+  for (const SafetensorsEntry& entry : entries) {
+    if (!entries_.emplace(entry.name, std::pair{entry, uint64_t{0}}).second)
+      throw std::invalid_argument(fmt::format("tensor '{}' is named twice", entry.name));
+  }
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> payloads;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    const at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = cpu.nbytes();
-    header[name] = {{"dtype", dtype_name(cpu.scalar_type())},
-                    {"shape", cpu.sizes().vec()},
+  for (auto& [name, placed] : entries_) {
+    const SafetensorsEntry& entry = placed.first;
+    uint64_t bytes = at::elementSize(entry.dtype);
+    for (const int64_t dim : entry.shape) bytes *= static_cast<uint64_t>(dim);
+    header[name] = {{"dtype", dtype_name(entry.dtype)},
+                    {"shape", entry.shape},
                     {"data_offsets", {offset, offset + bytes}}};
+    placed.second = offset;
     offset += bytes;
-    payloads.push_back(cpu);
   }
   std::string header_text = json_text(header);
   // Pad with spaces so the data starts 8-byte aligned, as the reference implementation does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_length = header_text.size();
+  // x86-64 and aarch64 are little-endian.
+  head_.assign(reinterpret_cast<const char*>(&header_length), sizeof(header_length));
+  head_ += header_text;
+  for (auto& [name, placed] : entries_) placed.second += head_.size();
+  file_bytes_ = head_.size() + offset;
+}
 
+const SafetensorsEntry& SafetensorsLayout::entry(const std::string& name) const {
+  const auto found = entries_.find(name);
+  if (found == entries_.end())
+    throw std::invalid_argument(fmt::format("the file has no tensor '{}'", name));
+  return found->second.first;
+}
+
+uint64_t SafetensorsLayout::file_offset(const std::string& name) const {
+  entry(name);
+  return entries_.at(name).second;
+}
+
+SafetensorsShare whole_share(const NamedTensors& tensors) {
+  SafetensorsShare share;
+  for (const auto& [name, tensor] : tensors) {
+    share.entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+    share.pieces.push_back({.name = name, .first = 0, .values = tensor});
+  }
+  return share;
+}
+
+void create_safetensors(const std::filesystem::path& path, const SafetensorsLayout& layout) {
+  make_file_of_size(path, layout.head(), layout.file_bytes());
+}
+
+void write_safetensors_pieces(const std::filesystem::path& path, const SafetensorsLayout& layout,
+                              const std::vector<TensorPiece>& pieces) {
+  // Every piece is checked before any is written.
+  for (const TensorPiece& piece : pieces) {
+    const SafetensorsEntry& entry = layout.entry(piece.name);
+    int64_t elements = 1;
+    for (const int64_t dim : entry.shape) elements *= dim;
+    if (piece.values.scalar_type() != entry.dtype || piece.first < 0 ||
+        piece.first + piece.values.numel() > elements) {
+      throw std::invalid_argument(
+          fmt::format("a piece of {} elements of {} at element {} does not fit tensor '{}' ({} "
+                      "elements of {})",
+                      piece.values.numel(), c10::toString(piece.values.scalar_type()), piece.first,
+                      piece.name, elements, c10::toString(entry.dtype)));
+    }
+  }
+  // The writers place their pieces by the layout each computed: the file's header must be the
+  // same, or the pieces would land in the wrong places unseen.
+  std::string head(layout.head().size(), '\0');
+  InputFile(path, "safetensors file").read_at(0, head.data(), head.size());
+  if (head != layout.head())
+    throw std::invalid_argument(path.string() + ": its header is not the one its pieces are for");
+  SharedFileWriter file(path);
+  for (const TensorPiece& piece : pieces) {
+    const at::Tensor values = piece.values.detach().to(at::kCPU).contiguous();
+    file.write_at(
+        layout.file_offset(piece.name) + static_cast<uint64_t>(piece.first) * values.element_size(),
+        values.data_ptr(), values.nbytes());
+  }
+  file.flush();
+}
+
+void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  std::vector<at::Tensor> payloads;  // in the layout's order, which is the map's: by name
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+    entries.push_back({name, cpu.scalar_type(), cpu.sizes().vec()});
+    payloads.push_back(cpu);
+  }
+  const SafetensorsLayout layout(entries, metadata);
   AtomicFileWriter file(path);
-  file.write(&header_length, sizeof(header_length));  // x86-64 and aarch64 are little-endian
-  file.write(header_text);
+  file.write(layout.head());
   for (const at::Tensor& payload : payloads) file.write(payload.data_ptr(), payload.nbytes());
   file.commit();
 }
 
-NamedTensors load_safetensors(const std::filesystem::path& path) {
+SafetensorsReader::SafetensorsReader(const std::filesystem::path& path)
+    : in_(path, "safetensors file") {
   const auto fail = [&path](const std::string& what) {
     return UserError(fmt::format("{}: {}", path.string(), what));
   };
-  const InputFile in(path, "safetensors file");
+  const InputFile& in = in_;
   const uint64_t file_size = in.size();
 
   uint64_t header_length = 0;
@@ -197,15 +276,56 @@ NamedTensors load_safetensors(const std::filesystem::path& path) {
   if (expected_begin != data_size) {
     throw fail(fmt::format("{} bytes of data follow the last tensor", data_size - expected_begin));
   }
+  data_begin_ = sizeof(header_length) + header_length;
+  for (const TensorEntry& entry : entries)
+    placed_.emplace(entry.name, Placed{{entry.name, entry.dtype, entry.shape}, entry.begin});
+}
 
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  const auto found = placed_.find(name);
+  return found == placed_.end() ? nullptr : &found->second.entry;
+}
+
+at::Tensor SafetensorsReader::read(const std::string& name, int64_t first, int64_t count) const {
+  const Placed& placed = placed_.at(name);
+  at::Tensor values = at::empty({count}, at::TensorOptions().dtype(placed.entry.dtype));
+  in_.read_at(data_begin_ + placed.begin + static_cast<uint64_t>(first) * values.element_size(),
+              values.data_ptr(), values.nbytes());
+  return values;
+}
+
+NamedTensors SafetensorsReader::read_all() const {
   NamedTensors tensors;
-  for (const TensorEntry& entry : entries) {
-    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
-    in.read_at(sizeof(header_length) + header_length + entry.begin, tensor.data_ptr(),
-               entry.end - entry.begin);
-    tensors.emplace(entry.name, std::move(tensor));
+  for (const auto& [name, placed] : placed_) {
+    int64_t elements = 1;
+    for (const int64_t dim : placed.entry.shape) elements *= dim;
+    tensors.emplace(name, read(name, 0, elements).reshape(placed.entry.shape));
   }
   return tensors;
+}
+
+void SafetensorsReader::read_pieces(const std::vector<TensorPiece>& pieces) const {
+  for (const TensorPiece& piece : pieces) {
+    const SafetensorsEntry* entry = find(piece.name);
+    int64_t elements = 1;
+    if (entry != nullptr) {
+      for (const int64_t dim : entry->shape) elements *= dim;
+    }
+    if (entry == nullptr || piece.first < 0 || piece.first + piece.values.numel() > elements) {
+      throw UserError(fmt::format("{}: holds no elements {} to {} of a tensor '{}'",
+                                  in_.path().string(), piece.first,
+                                  piece.first + piece.values.numel(), piece.name));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const TensorPiece& piece : pieces) {
+    // Read in the file's dtype, then copied (and cast) to wherever the piece lives.
+    piece.values.view({-1}).copy_(read(piece.name, piece.first, piece.values.numel()));
+  }
+}
+
+NamedTensors load_safetensors(const std::filesystem::path& path) {
+  return SafetensorsReader(path).read_all();
 }
 
 }  // namespace mltrain

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <stdexcept>
+#include <string>
 
+#include "common/error.h"
 #include "dist/bucket_layout.h"
 #include "dist/grad_reducer.h"
 #include "dist/world.h"
@@ -16,6 +20,8 @@
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
+#include "trainer/checkpoint/checkpoint_format.h"
+#include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/machine/cpu_allocation_counter.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/zero1_adamw.h"
@@ -35,6 +41,13 @@ at::Tensor windows_of(int rank) {
 
 void backward_on(Llama& model, const at::Tensor& windows) {
   next_token_loss(model(windows.narrow(1, 0, 16)), windows.narrow(1, 1, 16)).backward();
+}
+
+// One step of `optimizer` on this rank's windows.
+void step_once(Llama& model, Optimizer& optimizer) {
+  backward_on(model, windows_of(world.rank));
+  optimizer.reduce_gradients();
+  optimizer.update(1e-2, at::zeros({}));
 }
 
 Llama fresh_model() {
@@ -274,9 +287,7 @@ TEST(Zero1AdamW, UpdatesOnlyAfterTheGradientsAreReduced) {
 TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart) {
   ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
   ShardedRun run;
-  backward_on(run.model, windows_of(world.rank));
-  run.optimizer.reduce_gradients();
-  run.optimizer.update(1e-2, at::zeros({}));
+  step_once(run.model, run.optimizer);
   // The all-gather gave every rank the same weights.
   EXPECT_TRUE(same_on_all_ranks(run.model->parameters(), *run.communicator));
 
@@ -358,6 +369,121 @@ TEST(Zero3AdamW, EachRankHoldsItsPartOfTheWeightsAndNoWholeUnitBetweenSteps) {
   const int64_t whole_at_once = shards.layout(0).elements + 2 * shards.layout(1).elements;
   EXPECT_NEAR(plan.weights - rotary, 4.0 * static_cast<double>(part_values + whole_at_once),
               4.0 * static_cast<double>(shards.units() * world.size));
+}
+
+// A ZeRO-3 run's checkpoint of step 1, as every rank writes it: rank 0 begins it, each rank writes
+// its share, and rank 0 finishes it once all have.
+struct ShardedSave {
+  explicit ShardedSave(const std::string& name) {
+    config.model = testing::tiny_config();
+    config.train.run_dir = (testing::mpi_test_directory() / name).string();
+    progress.step = 1;
+    progress.samples_consumed = 2 * world.size;
+    progress.tokens_seen = 32 * world.size;
+  }
+
+  CheckpointContents contents_of(const FullyShardedRun& run) const {
+    return checkpoint_contents(run.model, run.optimizer,
+                               {.leader = world.rank == 0, .writing = world.size}, progress, config,
+                               "", world.size, /*host_copy=*/false);
+  }
+
+  // Saves `contents` as the ranks of a run save it here (CheckpointStore::begin); returns the
+  // checkpoint on rank 0.
+  std::string save(const CheckpointContents& contents, Communicator& communicator) const {
+    const CheckpointStore store(config.train.run_dir);
+    if (world.rank == 0) store.begin(contents);
+    communicator.all_reduce_sum(0.0);  // the files are there
+    store.write_share(contents);
+    communicator.all_reduce_sum(0.0);  // every share is written
+    return world.rank == 0 ? store.finish(contents).string() : "";
+  }
+
+  Config config;
+  TrainingProgress progress;
+};
+
+// No rank gathers the model or the state to save them: each writes its own part of every unit's
+// weights and moments (rank 0 also the step counts), a share that adds up to the model over the
+// ranks, and no unit is whole at any time. The files hold exactly the weights and the state that
+// gathering gives (make_whole, state()).
+TEST(Zero3AdamW, EveryRankWritesItsPartsOfACheckpointAndNoneGathersTheModel) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  FullyShardedRun run;
+  step_once(run.model, run.optimizer);
+  UnitShards& shards = run.optimizer.shards();
+  shards.reset_most_whole_units();
+
+  const ShardedSave saving("zero3_save");
+  const CheckpointContents contents = saving.contents_of(run);
+  int64_t weight_values = 0;
+  for (const TensorPiece& piece : contents.weights.pieces) weight_values += piece.values.numel();
+  int64_t part_values = 0;
+  for (size_t u = 0; u < shards.units(); ++u) part_values += shards.part(u).numel();
+  EXPECT_LE(weight_values, part_values);
+  EXPECT_EQ(run.communicator->all_reduce_sum(static_cast<double>(weight_values)),
+            static_cast<double>(run.model->num_parameters()));
+  const std::string saved = saving.save(contents, *run.communicator);
+  EXPECT_EQ(shards.most_whole_units(), 0) << "a unit was gathered to save it";
+  const std::filesystem::path checkpoint =
+      std::filesystem::path(saving.config.train.run_dir) / "checkpoints" / "step_00000001";
+
+  // Each rank of a fresh run reads its own parts of the state back, and only them: the reads
+  // allocate at most one piece at a time, far from the whole state (8 bytes a parameter).
+  FullyShardedRun resumed;
+  {
+    const SafetensorsReader file(checkpoint / "optimizer.safetensors");
+    const CpuAllocationCounter counter;
+    EXPECT_TRUE(resumed.optimizer.load_own_state(file, "optimizer.safetensors"));
+    EXPECT_LT(counter.peak_bytes(), 8 * run.model->num_parameters() / world.size);
+  }
+  const OptimizerState state = run.optimizer.state();  // gathered, on rank 0
+  const OptimizerState read_back = resumed.optimizer.state();
+  const WholeWeights whole(run.optimizer);
+  if (world.rank != 0) return;
+  ASSERT_EQ(saved, checkpoint.string());
+  verify_checkpoint(checkpoint);
+  const NamedTensors weights = load_safetensors(checkpoint / "model.safetensors");
+  const NamedTensors expected = hf_state_dict(run.model);
+  ASSERT_EQ(weights.size(), expected.size());
+  for (const auto& [name, tensor] : expected)
+    EXPECT_TRUE(at::equal(weights.at(name), tensor)) << name;
+  const NamedTensors moments = load_safetensors(checkpoint / "optimizer.safetensors");
+  ASSERT_EQ(moments.size(), state.size());
+  ASSERT_EQ(read_back.size(), state.size());
+  for (const auto& [name, tensor] : state) {
+    EXPECT_TRUE(at::equal(moments.at(name), tensor)) << name;
+    EXPECT_TRUE(at::equal(read_back.at(name), tensor)) << name;
+  }
+}
+
+// Reading parts is checked as reading a whole state is: a state file without an entry the run
+// needs is one error naming the entry, and nothing of it is read.
+TEST(Zero3AdamW, AStateFileThatLacksAnEntryIsRefusedBeforeAnyPartIsRead) {
+  FullyShardedRun run;
+  step_once(run.model, run.optimizer);
+  OptimizerState state = run.optimizer.state();
+  const std::filesystem::path file = testing::mpi_test_directory() / "lacking.safetensors";
+  if (world.rank == 0) {
+    state.erase("model.layers.1.mlp.down_proj.weight.exp_avg_sq");
+    for (auto& [name, tensor] : state) tensor.fill_(7.0);
+    std::filesystem::create_directories(file.parent_path());
+    save_safetensors(file, state);
+  }
+  run.communicator->all_reduce_sum(0.0);  // the file is there
+  FullyShardedRun fresh;
+  try {
+    fresh.optimizer.load_own_state(SafetensorsReader(file), "lacking.safetensors");
+    ADD_FAILURE() << "read a state without an entry";
+  } catch (const UserError& error) {
+    EXPECT_STREQ(error.what(),
+                 "lacking.safetensors: optimizer state "
+                 "model.layers.1.mlp.down_proj.weight.exp_avg_sq is missing");
+  }
+  for (const PartsAdamW::Part& part : fresh.optimizer.parts()) {
+    EXPECT_EQ(part.exp_avg.abs().max().item<float>(), 0.0f);
+    EXPECT_EQ(part.exp_avg_sq.abs().max().item<float>(), 0.0f);
+  }
 }
 
 // The model's unit hooks, seen from outside: after each position's before_forward, whether the

@@ -120,7 +120,33 @@ TEST(AsyncCheckpoints, AFailedBackgroundWriteEndsEveryRank) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0)
       << "rank 1 waited for the timeout";
   EXPECT_CONTAINS(failed.output, "No space left on device");
-  EXPECT_CONTAINS(failed.output, "rank 0 could not write a checkpoint (its log says why)");
+  EXPECT_CONTAINS(failed.output, "another rank could not write a checkpoint (its log says why)");
+}
+
+// A rank that cannot write its share of a checkpoint (at stage 3 each rank writes its own parts)
+// ends every rank at once, whether it writes here or in the background, and its reason is said;
+// nothing is left of that save, and the checkpoint before stays the newest.
+TEST(AsyncCheckpoints, ARankThatCannotWriteItsShareEndsEveryRankAndKeepsThePreviousCheckpoint) {
+  for (const std::string mode : {"", kAsync}) {
+    TemporaryDirectory dir;
+    const std::string config =
+        nine_steps(dir) + mode + " --set dist.zero_stage=3 --set dist.timeout_s=120";
+    const auto first =
+        run_command(testing::mpirun(2) + " " + testing::mltrain(config) + " --set train.stop_at=3");
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const auto start = std::chrono::steady_clock::now();
+    const auto failed =
+        run_command(testing::mpirun_with_fault(2, "fail-share-write:1", config + " --resume auto"));
+    EXPECT_EQ(failed.exit_code, kExitRuntimeFailure) << mode << failed.output;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0)
+        << mode << ": a rank waited for the timeout";
+    EXPECT_CONTAINS(failed.output, "rank 1 cannot write");
+    EXPECT_CONTAINS(failed.output, "No space left on device (injected)");
+    const auto checkpoints = dir / "run" / "checkpoints";
+    EXPECT_EQ(read_text(checkpoints / "latest"), "step_00000003\n") << mode;
+    EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006.tmp")) << mode;
+    EXPECT_FALSE(std::filesystem::exists(checkpoints / "step_00000006")) << mode;
+  }
 }
 
 // A stop waits for its checkpoint's write: the run says where to continue only once it is there.

@@ -7,6 +7,8 @@
 //                            written, the rest not; the default), files (every file is written,
 //                            not yet renamed) or renamed (renamed, `latest` not yet updated)
 //   fail-checkpoint-write    a checkpoint write fails as on a full disk
+//   fail-share-write:R       rank R of a multi-rank run (Open MPI's rank) fails to write its share
+//                            of a checkpoint as on a full disk, after writing it
 //   checkpoint-write-waits-for-training
 //                            once the weights of the run's first checkpoint are written, its
 //                            write waits until the run has logged 2 steps more, and fails after a
@@ -126,6 +128,18 @@ mltrain::TrainingHooks hooks_for(const std::vector<std::string>& faults) {
         if (moment != mltrain::SaveMoment::weights_written) return;
         throw std::runtime_error(fmt::format("cannot write {}: No space left on device (injected)",
                                              (directory / "optimizer.safetensors").string()));
+      };
+    } else if (fault.starts_with("fail-share-write:")) {
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (rank == nullptr || std::stoi(rank) != std::stoi(fault.substr(fault.find(':') + 1)))
+        continue;
+      hooks.during_checkpoint_write = [rank = std::string(rank)](
+                                          mltrain::SaveMoment moment,
+                                          const std::filesystem::path& directory) {
+        if (moment != mltrain::SaveMoment::share_written) return;
+        throw std::runtime_error(
+            fmt::format("rank {} cannot write {}: No space left on device (injected)", rank,
+                        (directory / "model.safetensors").string()));
       };
     } else if (fault == "checkpoint-write-waits-for-training") {
       hooks.during_checkpoint_write = wait_for_training;

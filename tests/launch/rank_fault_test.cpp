@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "tests/launch/fault_support.h"
 #include "tests/support/test_support.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 
 namespace mltrain {
 namespace {
@@ -190,20 +191,28 @@ TEST(RankFaults, AUsersFileWhereFlightRecordsGoIsKeptAside) {
 
 // Ranks that do not share the run directory (a relative train.run_dir, each rank started in a
 // folder of its own, as on nodes with local disks) train on, and the rank that cannot see rank 0's
-// says so: its failures could not gather the flight records, nor could it resume.
+// says so: its failures could not gather the flight records, nor could it resume. Rank 0 gathers
+// each checkpoint and writes it alone, where the ranks would each write their parts into a shared
+// one: at stage 3 too, whose weights no rank holds whole between steps.
 TEST(RankFaults, ARankThatDoesNotShareTheRunDirectoryIsWarned) {
-  TemporaryDirectory dir;
-  const std::string config = write_config(dir, 6) + " --set train.run_dir=run";
-  for (const char* node : {"node0", "node1"}) std::filesystem::create_directories(dir / node);
-  const auto run = run_command(mpirun(1) + " -wdir " + (dir / "node0").string() + " " +
-                               testing::mltrain(config) + " : -n 1 -wdir " +
-                               (dir / "node1").string() + " " + testing::mltrain(config));
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_CONTAINS(run.output, "rank 1] warning: this rank does not share train.run_dir (" +
-                                  (dir / "node1" / "run").string() + ") with rank 0");
-  EXPECT_EQ(run.output.find("rank 0] warning: this rank does not share"), std::string::npos)
-      << run.output;
-  EXPECT_TRUE(std::filesystem::exists(dir / "node0" / "run" / "flight" / "run_token"));
+  for (const int stage : {0, 3}) {
+    TemporaryDirectory dir;
+    const std::string config = write_config(dir, 6) + " --set train.run_dir=run" +
+                               " --set dist.zero_stage=" + std::to_string(stage);
+    for (const char* node : {"node0", "node1"}) std::filesystem::create_directories(dir / node);
+    const auto run = run_command(mpirun(1) + " -wdir " + (dir / "node0").string() + " " +
+                                 testing::mltrain(config) + " : -n 1 -wdir " +
+                                 (dir / "node1").string() + " " + testing::mltrain(config));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_CONTAINS(run.output, "rank 1] warning: this rank does not share train.run_dir (" +
+                                    (dir / "node1" / "run").string() + ") with rank 0");
+    EXPECT_EQ(run.output.find("rank 0] warning: this rank does not share"), std::string::npos)
+        << run.output;
+    EXPECT_CONTAINS(run.output, "rank 0 gathers each checkpoint and writes it alone");
+    EXPECT_TRUE(std::filesystem::exists(dir / "node0" / "run" / "flight" / "run_token"));
+    verify_checkpoint(dir / "node0" / "run" / "checkpoints" / "step_00000006");
+    EXPECT_FALSE(std::filesystem::exists(dir / "node1" / "run" / "checkpoints"));
+  }
 }
 
 // Ctrl-C at a terminal reaches the foreground job's process group: launch/local_ranks.sh turns it

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -77,6 +79,66 @@ TEST(Safetensors, FileFollowsTheFormat) {
   std::memcpy(values, bytes.data() + 8 + header_length, 8);
   EXPECT_EQ(values[0], 1.0f);
   EXPECT_EQ(values[1], 2.0f);
+}
+
+// Files that several writers fill piece by piece, as the ranks of a sharded run write a
+// checkpoint: cut at random places, written in another order by three writers, the pieces make
+// the same bytes as save_safetensors writes at once, and the file loads back whole.
+TEST(Safetensors, PiecesFromSeveralWritersMakeTheFileSaveSafetensorsWrites) {
+  TemporaryDirectory dir;
+  at::manual_seed(1);
+  const NamedTensors tensors = {{"b.weight", at::randn({7, 5})},
+                                {"a.bias", at::randn({11})},
+                                {"c.step", at::tensor(4.0f)},
+                                {"d.half", at::randn({3, 3}).to(at::kHalf)}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  save_safetensors(dir / "at_once.safetensors", tensors, metadata);
+
+  const SafetensorsShare whole = whole_share(tensors);
+  const SafetensorsLayout layout(whole.entries, metadata);
+  create_safetensors(dir / "pieces.safetensors", layout);
+  std::vector<std::vector<TensorPiece>> writers(3);
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor flat = tensor.flatten();
+    for (int64_t first = 0, writer = 0; first < flat.numel(); ++writer) {
+      const int64_t count =
+          std::min<int64_t>(flat.numel() - first, 1 + at::randint(4, {1}).item<int64_t>());
+      writers[writer % 3].push_back({name, first, flat.narrow(0, first, count)});
+      first += count;
+    }
+  }
+  for (auto writer = writers.rbegin(); writer != writers.rend(); ++writer)
+    write_safetensors_pieces(dir / "pieces.safetensors", layout, *writer);
+
+  EXPECT_EQ(read_text(dir / "pieces.safetensors"), read_text(dir / "at_once.safetensors"));
+  const NamedTensors loaded = load_safetensors(dir / "pieces.safetensors");
+  for (const auto& [name, tensor] : tensors)
+    EXPECT_TRUE(at::equal(loaded.at(name), tensor)) << name;
+}
+
+// A piece that does not fit its file is refused before anything of it is written: another name,
+// another dtype, or elements past the tensor's end.
+TEST(Safetensors, APieceThatDoesNotFitItsTensorIsRefused) {
+  TemporaryDirectory dir;
+  const SafetensorsLayout layout({{"w", at::kFloat, {2, 3}}});
+  create_safetensors(dir / "t.safetensors", layout);
+  const std::string before = read_text(dir / "t.safetensors");
+  const std::vector<std::pair<TensorPiece, std::string>> misfits = {
+      {{"v", 0, at::ones({2})}, "no tensor 'v'"},
+      {{"w", 0, at::ones({2}, at::kDouble)}, "does not fit tensor 'w'"},
+      {{"w", 5, at::ones({2})}, "does not fit tensor 'w'"},
+      {{"w", -1, at::ones({1})}, "does not fit tensor 'w'"}};
+  for (const auto& [piece, message] : misfits) {
+    try {
+      write_safetensors_pieces(dir / "t.safetensors", layout, {piece});
+      ADD_FAILURE() << "accepted " << piece.name << " at " << piece.first;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+    }
+  }
+  EXPECT_EQ(read_text(dir / "t.safetensors"), before);
+  EXPECT_THROW(SafetensorsLayout({{"w", at::kFloat, {1}}, {"w", at::kFloat, {2}}}),
+               std::invalid_argument);
 }
 
 TEST(Safetensors, TruncatedFileNamesTheTensor) {

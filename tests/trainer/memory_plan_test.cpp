@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "common/error.h"
@@ -57,14 +58,28 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(sharded.optimizer, 8 * eighth);
   EXPECT_EQ(sharded.gradients, 4 * p + 4 * eighth);  // the buckets, and this rank's averaged part
   EXPECT_EQ(sharded.total() - plain.total(), 8 * eighth + 4 * eighth - 8 * p);
+  // Resuming reads the weights whole and this rank's eighth of the state.
+  EXPECT_EQ(sharded.checkpoint_host, 4 * p);
+  EXPECT_CONTAINS(describe(sharded), "this rank's part of the state");
 
-  // Asynchronous checkpoints keep rank 0's copy of the fp32 weights and both moments on the host.
+  // Asynchronous checkpoints keep rank 0's copy of what it writes on the host: the fp32 weights
+  // and both moments; at stage 1 the weights and its eighth of the moments, more than resuming
+  // reads; at stage 3 its eighths, less than the weights that resuming reads whole.
   config.train.async_checkpoint = true;
+  const auto async_host = [&](int stage) {
+    config.dist.zero_stage = stage;
+    return plan_memory(config,
+                       {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt})
+        .checkpoint_host;
+  };
+  EXPECT_EQ(async_host(0), 12 * p);
+  EXPECT_EQ(async_host(1), 4 * p + 8 * eighth);
+  EXPECT_EQ(async_host(3), 4 * p);
+  config.dist.zero_stage = 1;
   const MemoryPlan async =
       plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
-  EXPECT_EQ(async.checkpoint_host, 12 * p);
   EXPECT_EQ(async.total(), sharded.total());
-  EXPECT_CONTAINS(describe(async), "write in the background");
+  EXPECT_CONTAINS(describe(async), "writes in the background");
 }
 
 // Hybrid sharding (dist.shard_ranks 2 of 8 ranks): what is sharded is cut in halves, not

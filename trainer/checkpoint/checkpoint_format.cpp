@@ -8,7 +8,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/atomic_file.h"
@@ -48,6 +50,24 @@ CheckpointState verified_state(const std::filesystem::path& checkpoint) {
     }
   }
   return state;
+}
+
+// A checkpoint's file of tensors as every rank lays it out: alike on each, so that each rank's
+// pieces land where rank 0's header says they are.
+struct TensorFile {
+  std::string name;
+  SafetensorsLayout layout;
+  const std::vector<TensorPiece>& pieces;  // this rank's
+};
+
+std::vector<TensorFile> tensor_files(const CheckpointContents& contents) {
+  std::vector<TensorFile> files;
+  files.push_back({"model.safetensors",
+                   SafetensorsLayout(contents.weights.entries, hf_weights_metadata()),
+                   contents.weights.pieces});
+  files.push_back({"optimizer.safetensors", SafetensorsLayout(contents.optimizer_state.entries),
+                   contents.optimizer_state.pieces});
+  return files;
 }
 
 // The model keys of the checkpoint's config must equal the run's; other keys may change.
@@ -97,33 +117,55 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
   return std::stoll(std::string(digits));
 }
 
-CheckpointContents checkpoint_contents(const Llama& model, OptimizerState optimizer_state,
-                                       const TrainingProgress& progress, const Config& config,
-                                       std::string tokenizer_model, int64_t world_size,
-                                       bool host_copy) {
+CheckpointContents checkpoint_contents(const Llama& model, const Optimizer& optimizer,
+                                       SavingRanks ranks, const TrainingProgress& progress,
+                                       const Config& config, std::string tokenizer_model,
+                                       int64_t world_size, bool host_copy) {
+  const bool each_rank_writes = ranks.writing == world_size;
+  // Every rank asks for the state, which may be a collective; only rank 0 gets a gathered one.
+  std::optional<SafetensorsShare> state = each_rank_writes ? optimizer.state_share() : std::nullopt;
+  if (!state) {
+    const OptimizerState gathered = optimizer.state();
+    state = ranks.leader ? whole_share(gathered) : SafetensorsShare{};
+  }
+  std::optional<SafetensorsShare> weights =
+      each_rank_writes ? optimizer.weights_share() : std::nullopt;
+  if (!weights) weights = ranks.leader ? whole_share(hf_state_dict(model)) : SafetensorsShare{};
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   CheckpointContents contents{
-      .weights = hf_state_dict(model),
-      .optimizer_state = std::move(optimizer_state),
+      .weights = std::move(*weights),
+      .optimizer_state = std::move(*state),
       .progress = progress,
       .config = config,
       .tokenizer_model = std::move(tokenizer_model),
       .world_size = world_size,
+      .writers = ranks.writing,
       .cpu_rng = {rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel()}};
   if (host_copy) {
-    for (NamedTensors* tensors : {&contents.weights, &contents.optimizer_state}) {
-      for (auto& [name, tensor] : *tensors)
-        tensor = tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    for (SafetensorsShare* share : {&contents.weights, &contents.optimizer_state}) {
+      for (TensorPiece& piece : share->pieces)
+        piece.values = piece.values.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   return contents;
 }
 
-void write_checkpoint(const std::filesystem::path& directory, const CheckpointContents& contents,
-                      const SaveObserver& observe) {
-  save_state_dict(contents.weights, directory / "model.safetensors");
+void make_tensor_files(const std::filesystem::path& directory, const CheckpointContents& contents) {
+  for (const TensorFile& file : tensor_files(contents))
+    create_safetensors(directory / file.name, file.layout);
+}
+
+void write_tensor_share(const std::filesystem::path& directory,
+                        const CheckpointContents& contents) {
+  for (const TensorFile& file : tensor_files(contents)) {
+    if (!file.pieces.empty())
+      write_safetensors_pieces(directory / file.name, file.layout, file.pieces);
+  }
+}
+
+void complete_checkpoint(const std::filesystem::path& directory, const CheckpointContents& contents,
+                         const SaveObserver& observe) {
   if (observe) observe(SaveMoment::weights_written, directory);
-  save_safetensors(directory / "optimizer.safetensors", contents.optimizer_state);
   write_file_atomically(directory / "config.yaml",
                         config_to_yaml(with_absolute_data_paths(contents.config)));
   const bool with_tokenizer = !contents.tokenizer_model.empty();
@@ -171,8 +213,11 @@ TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama&
         config.model.max_seq_len));
   }
   load_model_weights(model, checkpoint / "model.safetensors");
-  optimizer.load_state(load_safetensors(checkpoint / "optimizer.safetensors"),
-                       (checkpoint / "optimizer.safetensors").string());
+  // A sharded state is read part by part, each rank its own; any other whole.
+  const std::filesystem::path state_file = checkpoint / "optimizer.safetensors";
+  const SafetensorsReader state_reader(state_file);
+  if (!optimizer.load_own_state(state_reader, state_file.string()))
+    optimizer.load_state(state_reader.read_all(), state_file.string());
   const at::Tensor rng =
       at::from_blob(state.cpu_rng.data(), {static_cast<int64_t>(state.cpu_rng.size())}, at::kByte);
   at::Generator generator = at::detail::getDefaultCPUGenerator();

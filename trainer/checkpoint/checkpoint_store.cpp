@@ -1,9 +1,14 @@
 #include "trainer/checkpoint/checkpoint_store.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -43,6 +48,12 @@ void make_way(const std::filesystem::path& written, const std::filesystem::path&
         "{} was already there (another branch of this run, or something put there): kept as {}",
         path.string(), aside->filename().string());
   }
+}
+
+// Rank `rank`'s mark in a checkpoint's temporary directory that its share is written: empty, or
+// the reason it could not be. Written atomically, so that rank 0 never reads half a reason.
+std::filesystem::path share_mark(const std::filesystem::path& temporary, int rank) {
+  return temporary / fmt::format(".share-of-rank-{}", rank);
 }
 
 }  // namespace
@@ -91,17 +102,92 @@ void CheckpointStore::prepare_for_saving() const {
   }
 }
 
-std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
-                                            const SaveObserver& observe,
-                                            std::optional<int64_t> keep) const {
-  const int64_t step = contents.progress.step;
-  std::filesystem::path final_path = path_of(step);
-  const std::filesystem::path temporary = directory_ / (checkpoint_name(step) + ".tmp");
+std::filesystem::path CheckpointStore::temporary_of(int64_t step) const {
+  return directory_ / (checkpoint_name(step) + ".tmp");
+}
+
+void CheckpointStore::abandon(int64_t step) const {
+  std::error_code ignored;
+  remove_tree(temporary_of(step), ignored);
+}
+
+void CheckpointStore::give_up(int64_t step, const std::string& reason) const {
+  abandon(step);
+  throw std::runtime_error(
+      fmt::format("saving the checkpoint of step {} failed: {}; the earlier checkpoints are kept",
+                  step, reason));
+}
+
+void CheckpointStore::begin(const CheckpointContents& contents) const {
+  const std::filesystem::path temporary = temporary_of(contents.progress.step);
   try {
     std::filesystem::create_directories(directory_);
     remove_tree(temporary);
     std::filesystem::create_directory(temporary);
-    write_checkpoint(temporary, contents, observe);
+    make_tensor_files(temporary, contents);
+  } catch (const std::exception& error) {
+    give_up(contents.progress.step, error.what());
+  }
+}
+
+void CheckpointStore::write_share(const CheckpointContents& contents,
+                                  const SaveObserver& observe) const {
+  const std::filesystem::path temporary = temporary_of(contents.progress.step);
+  write_tensor_share(temporary, contents);
+  if (observe) observe(SaveMoment::share_written, temporary);
+}
+
+void CheckpointStore::mark_share(const CheckpointContents& contents, int rank,
+                                 const std::string& failure) const {
+  write_file_atomically(share_mark(temporary_of(contents.progress.step), rank), failure);
+}
+
+void CheckpointStore::await_shares(const CheckpointContents& contents,
+                                   const ShareWait& wait) const {
+  const std::filesystem::path temporary = temporary_of(contents.progress.step);
+  std::set<int> unmarked;
+  for (int rank = 1; rank < contents.writers; ++rank) unmarked.insert(rank);
+  std::string failure;
+  auto since = std::chrono::steady_clock::now();
+  while (!unmarked.empty()) {
+    for (auto rank = unmarked.begin(); rank != unmarked.end();) {
+      const std::filesystem::path mark = share_mark(temporary, *rank);
+      if (!std::filesystem::exists(mark)) {
+        ++rank;
+        continue;
+      }
+      const std::string reason = read_text_file(mark, "checkpoint share mark", kStateBytes);
+      if (!reason.empty() && failure.empty())
+        failure = fmt::format("rank {} could not write its share: {}", *rank, reason);
+      std::filesystem::remove(mark);
+      rank = unmarked.erase(rank);
+      since = std::chrono::steady_clock::now();
+    }
+    if (unmarked.empty()) break;
+    if (wait.abandoned != nullptr && wait.abandoned->load()) {
+      throw std::runtime_error(fmt::format("the run ended before rank(s) {} wrote their shares",
+                                           fmt::join(unmarked, ", ")));
+    }
+    if (std::chrono::steady_clock::now() - since > wait.patience) {
+      throw std::runtime_error(
+          fmt::format("rank(s) {} wrote no share within {} s of the last one (dist.timeout_s)",
+                      fmt::join(unmarked, ", "), wait.patience.count()));
+    }
+    // Marks are files on what may be a shared filesystem: looked for a few times a second, not
+    // as fast as a loop can stat them.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!failure.empty()) throw std::runtime_error(failure);
+}
+
+std::filesystem::path CheckpointStore::finish(const CheckpointContents& contents,
+                                              const SaveObserver& observe,
+                                              std::optional<int64_t> keep) const {
+  const int64_t step = contents.progress.step;
+  const std::filesystem::path final_path = path_of(step);
+  const std::filesystem::path temporary = temporary_of(step);
+  try {
+    complete_checkpoint(temporary, contents, observe);
     fsync_directory(temporary);
     make_way(temporary, final_path);
     std::filesystem::rename(temporary, final_path);
@@ -109,12 +195,7 @@ std::filesystem::path CheckpointStore::save(const CheckpointContents& contents,
     if (observe) observe(SaveMoment::renamed, final_path);
     point_latest_at(step);
   } catch (const std::exception& error) {
-    std::error_code ignored;
-    remove_tree(temporary, ignored);
-    throw std::runtime_error(
-        fmt::format("saving the checkpoint of step {} failed: {}; the earlier "
-                    "checkpoints are kept",
-                    step, error.what()));
+    give_up(step, error.what());
   }
   prune(step, contents.config.train.keep_last, contents.config.train.keep_every, keep);
   return final_path;

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -25,16 +27,43 @@ class CheckpointStore {
   // directories of saves that a crash interrupted.
   void prepare_for_saving() const;
 
-  // Saves `contents`, points `latest` at the new checkpoint, then keeps the newest keep_last
-  // checkpoints up to it plus every multiple of keep_every (0: none) and the checkpoint of step
-  // `keep` (the newest one known good, when the new one is not known so yet); checkpoints of later
-  // steps, left by a run that was resumed from an earlier one, are not touched; what holds the new
+  // The ranks of a run save one checkpoint together, each writing what it alone holds
+  // (CheckpointContents), none gathering the model:
+  //   1. rank 0 begins it: the checkpoint's temporary directory made anew, its tensor files made
+  //      at their full size;
+  //   2. the ranks meet, so that none writes into a directory not yet made;
+  //   3. every rank writes its share into the files;
+  //   4. once every rank's share is written (they meet again; or, writing in the background,
+  //      every rank but 0 marks its share written or failed in the directory, and rank 0 awaits
+  //      the marks), rank 0 finishes it: completed and put in its place.
+  // A failure of begin(), await_shares() or finish() removes the temporary directory (as give_up
+  // does), leaves every saved checkpoint as it was, and throws a runtime error; one elsewhere is
+  // followed by abandon().
+  void begin(const CheckpointContents& contents) const;
+  // `observe` is called at SaveMoment::share_written. Throws a runtime error.
+  void write_share(const CheckpointContents& contents, const SaveObserver& observe = {}) const;
+  void mark_share(const CheckpointContents& contents, int rank, const std::string& failure) const;
+  // How long rank 0 awaits the next mark, and a flag that stops the wait.
+  struct ShareWait {
+    std::chrono::seconds patience{600};
+    const std::atomic<bool>* abandoned = nullptr;
+  };
+  // Returns once every rank but 0 has marked its share written; throws a runtime error naming the
+  // first rank that failed (once every rank has marked, so that none still writes into the
+  // directory), or the ranks that marked nothing within the patience of the mark before.
+  void await_shares(const CheckpointContents& contents, const ShareWait& wait) const;
+  // Completes the checkpoint, points `latest` at it, then keeps the newest keep_last checkpoints
+  // up to it plus every multiple of keep_every (0: none) and the checkpoint of step `keep` (the
+  // newest one known good, when the new one is not known so yet); checkpoints of later steps,
+  // left by a run that was resumed from an earlier one, are not touched; what holds the new
   // checkpoint's name is replaced only if it is the same checkpoint, and else moved aside to
-  // step_XXXXXXXX.replaced-N. A failed write removes its temporary
-  // directory, leaves every saved checkpoint as it was, and throws a runtime error. `observe` is
-  // called at each SaveMoment.
-  std::filesystem::path save(const CheckpointContents& contents, const SaveObserver& observe = {},
-                             std::optional<int64_t> keep = std::nullopt) const;
+  // step_XXXXXXXX.replaced-N. `observe` is called at the other SaveMoments.
+  std::filesystem::path finish(const CheckpointContents& contents, const SaveObserver& observe = {},
+                               std::optional<int64_t> keep = std::nullopt) const;
+  // The save of `step` given up: its temporary directory removed (and with give_up, a runtime
+  // error thrown that says why, and that the earlier checkpoints are kept).
+  void abandon(int64_t step) const;
+  [[noreturn]] void give_up(int64_t step, const std::string& reason) const;
 
   // The checkpoints of the run, by step: newest first.
   std::vector<int64_t> saved_steps() const;
@@ -64,6 +93,7 @@ class CheckpointStore {
  private:
   // Whether RUN_DIR/checkpoints is there; something else in its place is a UserError.
   bool exists() const;
+  std::filesystem::path temporary_of(int64_t step) const;
   void prune(int64_t saved_step, int64_t keep_last, int64_t keep_every,
              std::optional<int64_t> keep) const;
   std::optional<std::string> latest_name() const;

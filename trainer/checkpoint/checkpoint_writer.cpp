@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <string>
 
 namespace mltrain {
 namespace {
@@ -27,12 +28,18 @@ constexpr int kWriterNice = 10;
 
 }  // namespace
 
-CheckpointWriter::CheckpointWriter(const CheckpointStore& store, bool in_background,
-                                   SaveObserver observe)
-    : store_(store), in_background_(in_background), observe_(std::move(observe)) {}
+CheckpointWriter::CheckpointWriter(const CheckpointStore& store, int rank, bool in_background,
+                                   std::chrono::seconds share_patience, SaveObserver observe)
+    : store_(store),
+      rank_(rank),
+      in_background_(in_background),
+      share_patience_(share_patience),
+      observe_(std::move(observe)) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (!in_flight_.valid()) return;
+  // The run is over: rank 0 stops awaiting ranks that may have ended before writing.
+  abandoned_ = true;
   try {
     in_flight_.get();
   } catch (const std::exception& error) {
@@ -40,32 +47,53 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
-std::filesystem::path CheckpointWriter::write(const CheckpointContents& contents,
-                                              std::optional<int64_t> keep) const {
-  const auto start = std::chrono::steady_clock::now();
-  std::filesystem::path path = store_.save(contents, observe_, keep);
-  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-  if (in_background_) {
-    spdlog::info("checkpoint: {} (written in {:.1f} s while training went on)", path.string(),
-                 seconds.count());
-  } else {
-    spdlog::info("checkpoint: {}", path.string());
+void CheckpointWriter::save(const CheckpointContents& contents, std::optional<int64_t> keep) {
+  if (rank_ >= contents.writers) return;  // rank 0 writes what this rank holds
+  if (!in_background_) {
+    store_.write_share(contents, observe_);
+    return;
   }
-  return path;
-}
-
-std::optional<std::filesystem::path> CheckpointWriter::save(CheckpointContents contents,
-                                                            std::optional<int64_t> keep) {
-  if (!in_background_) return write(contents, keep);
   wait();
-  in_flight_ = std::async(std::launch::async, [this, contents = std::move(contents), keep] {
+  in_flight_ = std::async(std::launch::async, [this, contents, keep] {
     block_stop_signals();
     // Training comes first: on a CPU the write's copies and checksums need the cores it uses.
     // Linux takes a thread id here, for that thread alone.
     setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kWriterNice);
-    return write(contents, keep);
+    return write_in_background(contents, keep);
   });
-  return std::nullopt;
+}
+
+std::optional<std::filesystem::path> CheckpointWriter::write_in_background(
+    const CheckpointContents& contents, std::optional<int64_t> keep) const {
+  const auto start = std::chrono::steady_clock::now();
+  std::string failure;
+  try {
+    store_.write_share(contents, observe_);
+  } catch (const std::exception& error) {
+    failure = error.what();
+  }
+  if (rank_ != 0) {
+    store_.mark_share(contents, rank_, failure);
+    return std::nullopt;
+  }
+  try {
+    store_.await_shares(contents, {.patience = share_patience_, .abandoned = &abandoned_});
+  } catch (const std::exception& error) {
+    if (failure.empty()) failure = error.what();
+  }
+  if (!failure.empty()) store_.give_up(contents.progress.step, failure);
+  const std::filesystem::path path = store_.finish(contents, observe_, keep);
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  spdlog::info("checkpoint: {} (written in {:.1f} s while training went on)", path.string(),
+               seconds.count());
+  return path;
+}
+
+std::filesystem::path CheckpointWriter::finish(const CheckpointContents& contents,
+                                               std::optional<int64_t> keep) const {
+  std::filesystem::path path = store_.finish(contents, observe_, keep);
+  spdlog::info("checkpoint: {}", path.string());
+  return path;
 }
 
 void CheckpointWriter::check() {

@@ -8,7 +8,8 @@ namespace mltrain {
 // The moments of a checkpoint save at which the tests make it fail or the process die
 // (TrainingHooks): each is a different state of the run directory for a crash to leave behind.
 enum class SaveMoment {
-  weights_written,  // model.safetensors is complete in step_X.tmp/, the other files are not
+  share_written,    // a rank's share of the tensor files is in step_X.tmp/ (on every rank)
+  weights_written,  // the tensor files are complete in step_X.tmp/, the others are not (rank 0)
   files_written,    // every file is complete in step_X.tmp/
   renamed,          // step_X/ has its final name, and `latest` still names the checkpoint before
 };

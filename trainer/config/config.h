@@ -89,7 +89,8 @@ namespace mltrain {
       "checkpoints at multiples of this step are kept for good (0: none)", at_least(0))          \
   KEY(S, bool, async_checkpoint, false,                                                          \
       "copy a checkpoint's state to host memory and write it on a background thread while "      \
-      "training goes on (rank 0 holds the copy: the weights and the whole optimizer state)",     \
+      "training goes on (each rank holds a copy of what it writes: rank 0 the weights and the "  \
+      "optimizer state where they are not sharded, under ZeRO each rank its own parts)",         \
       {})                                                                                        \
   KEY(S, int64_t, stop_at, 0,                                                                    \
       "stop with a checkpoint once this many steps are done, to resume later (0: run to "        \

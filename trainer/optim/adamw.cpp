@@ -107,11 +107,14 @@ std::vector<at::Tensor> tensors_of(const NamedParameters& parameters) {
 const at::Tensor& saved_entry(const OptimizerState& saved, const std::string& name,
                               at::IntArrayRef sizes, const std::string& source) {
   const auto found = saved.find(name);
-  if (found == saved.end() || found->second.sizes() != sizes) {
-    throw UserError(fmt::format("{}: optimizer state {} is {}", source, name,
-                                found == saved.end() ? "missing" : "of another shape"));
-  }
+  if (found == saved.end() || found->second.sizes() != sizes)
+    throw saved_entry_error(source, name, found == saved.end());
   return found->second;
+}
+
+UserError saved_entry_error(const std::string& source, const std::string& name, bool missing) {
+  return UserError(fmt::format("{}: optimizer state {} is {}", source, name,
+                               missing ? "missing" : "of another shape"));
 }
 
 void add_by_part(OptimizerState& state, const NamedParameter& parameter, const at::Tensor& tensor,

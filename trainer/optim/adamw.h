@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/error.h"
 #include "model/named_parameter.h"
 
 namespace mltrain {
@@ -95,6 +96,9 @@ std::vector<at::Tensor> tensors_of(const NamedParameters& parameters);
 
 // Whether AdamW decays `parameter`: matrices, not vectors.
 inline bool decays(const at::Tensor& parameter) { return parameter.dim() >= 2; }
+
+// The error of a saved optimizer state whose entry `name` is missing or of another shape.
+UserError saved_entry_error(const std::string& source, const std::string& name, bool missing);
 
 // The saved entry `name` of an optimizer state, checked to have `sizes` elements in that shape;
 // a UserError naming `source` otherwise.

@@ -10,6 +10,7 @@
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
+#include "model/safetensors.h"
 #include "model/unit_hooks.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/muon.h"
@@ -55,6 +56,21 @@ class Optimizer {
   // Restores a state() of the same parameters (whole, from any sharding); a missing or misshapen
   // entry is a UserError naming `source` and the entry.
   virtual void load_state(const OptimizerState& saved, const std::string& source) = 0;
+
+  // What this rank writes of a checkpoint where it holds parts that no other rank holds (ZeRO):
+  // its own pieces of the weights (named as hf_state_dict names them) and of state(), with every
+  // entry of each file, found without gathering anything. None where every rank holds the same
+  // (rank 0 writes the whole) or where the state is whole only gathered (Muon's).
+  virtual std::optional<SafetensorsShare> weights_share() const { return std::nullopt; }
+  virtual std::optional<SafetensorsShare> state_share() const { return std::nullopt; }
+
+  // Where this rank holds parts of the state that no other rank holds (ZeRO): reads only those
+  // from a checkpoint's optimizer.safetensors, checked as load_state checks a whole state (nothing
+  // changes unless every entry is there in its shape), and returns true. False, reading nothing,
+  // where it takes the whole state (load_state).
+  virtual bool load_own_state(const SafetensorsReader& /*file*/, const std::string& /*source*/) {
+    return false;
+  }
 
   // The bytes of optimizer state this rank holds.
   virtual int64_t state_bytes() const = 0;

@@ -75,6 +75,45 @@ OptimizerState PartsAdamW::state() const {
   return state;
 }
 
+SafetensorsShare PartsAdamW::share(bool writing) const {
+  SafetensorsShare share;
+  const at::Tensor& steps = update_.step_count();
+  // Every rank holds the same count: rank 0 writes it, and one entry of it is read.
+  bool takes_steps = !writing || communicator_.run_rank() == 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Part& part = parts_[b];
+    for (size_t k = 0; k < buckets_[b].members.size(); ++k) {
+      const NamedParameter& parameter = member(b, k);
+      add_part_entries(share.entries, parameter, ".exp_avg", part.exp_avg.scalar_type());
+      add_part_entries(share.entries, parameter, ".exp_avg_sq", part.exp_avg_sq.scalar_type());
+      for (const ParameterPart& parameter_part : parameter.parts) {
+        const std::string name = parameter_part.name + ".step";
+        share.entries.push_back({name, steps.scalar_type(), steps.sizes().vec()});
+        if (takes_steps) share.pieces.push_back({.name = name, .first = 0, .values = steps});
+        takes_steps = takes_steps && writing;
+      }
+    }
+    if (writing && !writes_its_parts(communicator_)) continue;
+    for (const auto& [suffix, moment] :
+         {std::pair{".exp_avg", part.exp_avg}, std::pair{".exp_avg_sq", part.exp_avg_sq}}) {
+      for (TensorPiece& piece : pieces_of_part(named_, buckets_[b], part.begin, moment, suffix))
+        share.pieces.push_back(std::move(piece));
+    }
+  }
+  return share;
+}
+
+void PartsAdamW::load_own_state(const SafetensorsReader& file, const std::string& source) {
+  const SafetensorsShare own = share(/*writing=*/false);
+  // Everything is checked before anything changes.
+  for (const SafetensorsEntry& expected : own.entries) {
+    const SafetensorsEntry* saved = file.find(expected.name);
+    if (saved == nullptr || saved->shape != expected.shape)
+      throw saved_entry_error(source, expected.name, saved == nullptr);
+  }
+  file.read_pieces(own.pieces);
+}
+
 void PartsAdamW::load_state(const OptimizerState& saved, const std::string& source) {
   at::NoGradGuard no_grad;
   // Everything is checked before anything changes.
@@ -108,6 +147,40 @@ int64_t PartsAdamW::state_bytes() const {
   size_t bytes = update_.step_count().nbytes();
   for (const Part& part : parts_) bytes += part.exp_avg.nbytes() + part.exp_avg_sq.nbytes();
   return static_cast<int64_t>(bytes);
+}
+
+std::vector<TensorPiece> pieces_of_part(const NamedParameters& parameters,
+                                        const BucketLayout& bucket, int64_t begin,
+                                        const at::Tensor& values, std::string_view suffix) {
+  const int64_t end = begin + values.numel();
+  std::vector<TensorPiece> pieces;
+  for (size_t k = 0; k < bucket.members.size(); ++k) {
+    const at::Tensor& parameter = parameters[bucket.members[k]].tensor;
+    const int64_t row_elements = parameter.numel() / parameter.size(0);
+    for (const ParameterPart& part : parameters[bucket.members[k]].parts) {
+      // The named tensor's elements in the bucket, and those of them in this rank's part.
+      const int64_t first = bucket.offsets[k] + part.first_row * row_elements;
+      const int64_t last = first + part.rows * row_elements;
+      const int64_t from = std::max(first, begin);
+      const int64_t to = std::min(last, end);
+      if (from >= to) continue;
+      pieces.push_back({.name = part.name + std::string(suffix),
+                        .first = from - first,
+                        .values = values.narrow(0, from - begin, to - from)});
+    }
+  }
+  return pieces;
+}
+
+void add_part_entries(std::vector<SafetensorsEntry>& entries, const NamedParameter& parameter,
+                      std::string_view suffix, at::ScalarType dtype) {
+  for (const ParameterPart& part : parameter.parts) {
+    // Its shape from the parameter's, not a view of it: a ZeRO-3 unit's freed weights have no
+    // bytes to view.
+    std::vector<int64_t> shape = parameter.tensor.sizes().vec();
+    shape.front() = part.rows;
+    entries.push_back({part.name + std::string(suffix), dtype, std::move(shape)});
+  }
 }
 
 }  // namespace mltrain

@@ -4,10 +4,13 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
+#include "model/named_parameter.h"
+#include "model/safetensors.h"
 #include "trainer/optim/adamw.h"
 
 namespace mltrain {
@@ -42,17 +45,26 @@ class PartsAdamW {
   // The state as one rank would hold it: each bucket's moments all-gathered on the device, one
   // bucket at a time, and kept on the CPU by rank 0 only. A collective.
   OptimizerState state() const;
+  // This rank's pieces of state(), as a checkpoint writes them (Optimizer::state_share).
+  SafetensorsShare state_share() const { return share(/*writing=*/true); }
+  // Reads this rank's parts of the state from a checkpoint (Optimizer::load_own_state).
+  void load_own_state(const SafetensorsReader& file, const std::string& source);
   // Each rank takes its part of the whole state; nothing changes unless every entry is there.
   void load_state(const OptimizerState& saved, const std::string& source);
   int64_t state_bytes() const;
 
   const std::vector<Part>& parts() const { return parts_; }
+  const NamedParameters& parameters() const { return named_; }
 
  private:
   const NamedParameter& member(size_t bucket, size_t k) const {
     return named_[buckets_[bucket].members[k]];
   }
   void add_pieces_to_update(const BucketLayout& bucket, const Part& part);
+  // The entries of the whole state and the pieces of it that are this rank's: views into its
+  // moments and step count. `writing`: only those it writes into a checkpoint (the first
+  // replica's parts, and the step counts on rank 0); else all it holds.
+  SafetensorsShare share(bool writing) const;
 
   NamedParameters named_;
   std::vector<BucketLayout> buckets_;
@@ -62,5 +74,21 @@ class PartsAdamW {
   std::vector<at::Tensor> decayed_grads_;  // the pieces' gradients, in the order of add()
   std::vector<at::Tensor> other_grads_;
 };
+
+// Whether this rank writes its parts into a checkpoint: every rank does but those of the replicas
+// after the first (hybrid sharding), which hold the same parts again.
+inline bool writes_its_parts(const Communicator& communicator) {
+  return communicator.run_rank() == communicator.rank();
+}
+
+// The pieces of the named tensors "<part name><suffix>" of `parameters` (hf_parameters) that
+// `values` holds: this rank's part, from element `begin`, of a flat bucket that `bucket` lays out.
+std::vector<TensorPiece> pieces_of_part(const NamedParameters& parameters,
+                                        const BucketLayout& bucket, int64_t begin,
+                                        const at::Tensor& values, std::string_view suffix);
+
+// The entries "<part name><suffix>" of `parameter`'s parts, in their shapes, of `dtype`.
+void add_part_entries(std::vector<SafetensorsEntry>& entries, const NamedParameter& parameter,
+                      std::string_view suffix, at::ScalarType dtype);
 
 }  // namespace mltrain

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ class Zero1AdamW : public Optimizer {
   void update(double lr, const at::Tensor& skip) override;
   // The state as one rank would hold it, on rank 0 (parts_adamw.h).
   OptimizerState state() const override { return adamw_.state(); }
+  std::optional<SafetensorsShare> state_share() const override { return adamw_.state_share(); }
+  bool load_own_state(const SafetensorsReader& file, const std::string& source) override {
+    adamw_.load_own_state(file, source);
+    return true;
+  }
   // Each rank takes its part of the whole state.
   void load_state(const OptimizerState& saved, const std::string& source) override {
     adamw_.load_state(saved, source);

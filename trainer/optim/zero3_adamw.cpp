@@ -124,6 +124,19 @@ std::vector<PartsAdamW::Part> Zero3AdamW::parts_of_units() const {
   return parts;
 }
 
+std::optional<SafetensorsShare> Zero3AdamW::weights_share() const {
+  SafetensorsShare share;
+  for (const NamedParameter& parameter : adamw_.parameters())
+    add_part_entries(share.entries, parameter, "", parameter.tensor.scalar_type());
+  if (!writes_its_parts(communicator_)) return share;
+  for (size_t u = 0; u < shards_->units(); ++u) {
+    for (TensorPiece& piece : pieces_of_part(adamw_.parameters(), shards_->layout(u),
+                                             shards_->part_begin(u), shards_->part(u), ""))
+      share.pieces.push_back(std::move(piece));
+  }
+  return share;
+}
+
 void Zero3AdamW::set_sync(bool last_micro_step) {
   // The micro-step before is over: whatever its backward left whole goes.
   shards_->release_all();

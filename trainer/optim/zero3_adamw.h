@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,13 @@ class Zero3AdamW : public Optimizer {
   ReducedGradients reduce_gradients() override;
   void update(double lr, const at::Tensor& skip) override;
   OptimizerState state() const override { return adamw_.state(); }
+  std::optional<SafetensorsShare> state_share() const override { return adamw_.state_share(); }
+  bool load_own_state(const SafetensorsReader& file, const std::string& source) override {
+    adamw_.load_own_state(file, source);
+    return true;
+  }
+  // This rank's part of each unit's weights: what it alone holds of them.
+  std::optional<SafetensorsShare> weights_share() const override;
   void load_state(const OptimizerState& saved, const std::string& source) override {
     adamw_.load_state(saved, source);
   }

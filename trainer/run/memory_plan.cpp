@@ -269,9 +269,9 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const double whole_units = std::min(whole_unit_values(model), values);
   plan.weights = (plan.weights_sharded ? 4 * part + 4 * whole_units : 4 * values) +
                  8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
-  // The set-up (each rank builds or loads the whole model before taking its parts), saving and a
+  // The set-up (each rank builds or loads the whole model before taking its parts) and a
   // rollback's load hold every unit whole beside the parts; evaluating gathers them unit by unit,
-  // as training does.
+  // as training does, and saving gathers nothing (each rank writes its parts).
   if (plan.weights_sharded) plan.whole_between_steps = 4 * (values - whole_units);
   plan.gradients_sharded = shards_gradients(config, target.ranks);
   // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;
@@ -311,13 +311,18 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
   if (config.optim.name == "muon") plan_muon(config, plan);
   plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
-  // The whole optimizer state: read by every rank on resuming, gathered by rank 0 when sharded;
-  // with train.async_checkpoint, rank 0's copy of the weights and of that state, held from the
-  // first checkpoint on.
-  plan.checkpoint_host = plan.optimizer_unsharded;
+  // What resuming reads: the weights whole, then the state whole or, where AdamW's is sharded,
+  // this rank's part of it; or with train.async_checkpoint, when larger, rank 0's copy of what it
+  // writes, held from the first checkpoint on: the weights and the state, or its parts of them
+  // where they are sharded (Muon's state is gathered whole).
+  plan.state_read_in_parts = plan.sharded && !plan.muon;
+  plan.checkpoint_host =
+      std::max(4 * values, plan.state_read_in_parts ? plan.optimizer : plan.optimizer_unsharded);
   if (config.train.async_checkpoint) {
     plan.async_checkpoint = true;
-    plan.checkpoint_host += 4 * values;
+    const double weights_copy = plan.weights_sharded ? 4 * part : 4 * values;
+    const double state_copy = plan.muon ? plan.optimizer_unsharded : plan.optimizer;
+    plan.checkpoint_host = std::max(plan.checkpoint_host, weights_copy + state_copy);
   }
   return plan;
 }
@@ -349,7 +354,7 @@ std::string describe(const MemoryPlan& plan) {
   line("working (casts, logits, recompute)", plan.working, "");
   if (plan.weights_sharded) {
     line("whole weights between steps", plan.whole_between_steps,
-         "the set-up, saving and a rollback hold every unit, in place of the activations");
+         "the set-up and a rollback hold every unit, in place of the activations");
   }
   if (plan.target.device_memory) {
     line("total", plan.total(),
@@ -359,12 +364,11 @@ std::string describe(const MemoryPlan& plan) {
     line("total", plan.total(), "(the device's memory is not known)");
   }
   line("checkpoint save/resume (host)", plan.checkpoint_host,
-       plan.async_checkpoint
-           ? "not in the total: rank 0 keeps a copy of the weights and the whole state to write "
-             "in the background, every rank reads the whole state to resume"
-       : plan.sharded ? "not in the total: rank 0 gathers the state to save it, every rank reads "
-                        "it to resume"
-                      : "not in the total: every rank reads the whole state to resume");
+       plan.async_checkpoint ? "not in the total: the larger of rank 0's copy of what it writes in "
+                               "the background and what resuming reads"
+       : plan.state_read_in_parts
+           ? "not in the total: resuming reads the weights whole and this rank's part of the state"
+           : "not in the total: every rank reads the whole state to resume");
   text.pop_back();  // the caller ends the last line
   return text;
 }

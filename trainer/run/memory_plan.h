@@ -53,10 +53,11 @@ struct MemoryPlan {
   // Host memory that saving and resuming a checkpoint take, outside the total: for a moment, or
   // with async_checkpoint for as long as the run trains.
   double checkpoint_host = 0;
-  bool async_checkpoint = false;  // train.async_checkpoint
+  bool async_checkpoint = false;     // train.async_checkpoint
+  bool state_read_in_parts = false;  // a sharded AdamW state: each rank reads its part
 
-  // Sharded weights (dist.zero_stage 3): the whole weights, which the set-up, saving and a
-  // rollback's load hold on every rank beside the parts, when no activation is held.
+  // Sharded weights (dist.zero_stage 3): the whole weights, which the set-up and a rollback's load
+  // hold on every rank beside the parts, when no activation is held.
   double whole_between_steps = 0;
 
   double total() const {

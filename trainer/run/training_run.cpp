@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -284,7 +285,10 @@ class TrainingRun {
   std::optional<CheckpointLineage> lineage_;
   std::optional<int64_t> resumed_step_;  // the checkpoint the run started from, if any
   std::filesystem::path resumed_from_;
-  std::string write_failure_;  // rank 0's failed background write, until every rank knows
+  std::string write_failure_;  // this rank's failed background write, until every rank knows
+  // Whether every rank sees rank 0's run directory, and so writes its share of each checkpoint
+  // there; else rank 0 gathers everything and writes it alone.
+  bool run_dir_shared_ = true;
   std::unique_ptr<PendingSum> stop_vote_;  // the ranks' stop flags of the step before
 };
 
@@ -317,7 +321,8 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
       sources_(open_sources(config)),
       run_dir_(config.train.run_dir),
       checkpoints_(run_dir_),
-      checkpoint_writer_(checkpoints_, config.train.async_checkpoint,
+      checkpoint_writer_(checkpoints_, world.rank, config.train.async_checkpoint,
+                         std::chrono::seconds(config.dist.timeout_s),
                          hooks.during_checkpoint_write) {
   // The build steps, in the order their needs give. Each says what it needs.
   check_data();
@@ -373,17 +378,24 @@ void TrainingRun::open_flight_records() {
   // Also the barrier before which no rank reads the token or looks for a request.
   const double rank0_token = communicator_->all_reduce_sum(leader_ ? token : 0.0);
   std::error_code unread;
-  if (!std::filesystem::exists(directory / kFlightToken, unread) ||
-      read_text_file(directory / kFlightToken, "flight token") !=
-          fmt::format("{:.0f}", rank0_token)) {
+  const bool shared = std::filesystem::exists(directory / kFlightToken, unread) &&
+                      read_text_file(directory / kFlightToken, "flight token") ==
+                          fmt::format("{:.0f}", rank0_token);
+  if (!shared) {
     spdlog::warn(
         "this rank does not share train.run_dir ({}) with rank 0: should a collective fail, the "
         "ranks cannot gather their flight records, and --resume needs rank 0's checkpoints on "
         "every rank; give the ranks a directory they share",
         std::filesystem::absolute(run_dir_).string());
-    return;
+  } else {
+    communicator_->flight().write_records_to(directory);
   }
-  communicator_->flight().write_records_to(directory);
+  run_dir_shared_ = communicator_->all_reduce_sum(shared ? 0.0 : 1.0) == 0;
+  if (leader_ && !run_dir_shared_) {
+    spdlog::warn(
+        "not every rank shares train.run_dir: rank 0 gathers each checkpoint and writes it alone, "
+        "where the ranks would write their own parts");
+  }
 }
 
 // Needs the device, the precision and the communicator, and comes before anything large is
@@ -854,7 +866,7 @@ bool TrainingRun::count_skipped_step(int64_t step, const StepValues& values) {
 // trouble goes further back (checkpoint_lineage.h); with nothing left to go back to, the run
 // stops. A failure to write or to load a checkpoint ends the run on every rank.
 void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
-  // Rank 0's last write ends first; its failure ends every rank. Also the barrier after which
+  // Every rank's last write ends first; a failure ends every rank. Also the barrier after which
   // the checkpoints are there for every rank to read.
   settle_checkpoint_writes();
   const CheckpointLineage::Rollback rollback = lineage_->roll_back(checkpoints_at_hand());
@@ -1093,14 +1105,16 @@ void TrainingRun::evaluate_now(int64_t step) {
   }
 }
 
-// Rank 0 writes, here or in the background; the others wait until it has the state, so that no
-// rank runs ahead of a checkpoint. First the ranks check that they still hold the same weights,
-// as data parallelism promises. Returns the checkpoint once it is written here (rank 0's).
+// Every rank writes what it alone holds of the checkpoint (the parts of sharded weights and state;
+// rank 0 also what every rank holds alike), here or in the background, and no rank gathers the
+// model: rank 0 begins it, every rank writes its share, and rank 0 finishes it once all have
+// (CheckpointStore::begin). Where not every rank sees the run directory, rank 0 gathers
+// everything and writes it alone. First the ranks check that they still hold the same weights, as
+// data parallelism promises. Returns the checkpoint once it is written here (rank 0's).
 std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   const Clock::time_point start = Clock::now();
-  const WholeWeights whole(*optimizer_);
-  // Sharded weights (ZeRO-3) are whole only as all-gathered, the same on every rank by
-  // construction: hashing them would say nothing, at the cost of the whole model's bytes.
+  // Sharded weights (ZeRO-3) are the same on every rank by construction: hashing them would say
+  // nothing, at the cost of gathering them.
   const bool weights_replicated = optimizer_->unit_hooks() == nullptr;
   if (world_.size > 1 && weights_replicated && !same_on_all_ranks(parameters_, *communicator_)) {
     throw std::runtime_error(fmt::format(
@@ -1108,23 +1122,43 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   }
   progress_.loss_level = spike_guard_->level();
   record_blend();
-  // Every rank takes part in gathering a sharded state; rank 0 gets it.
-  OptimizerState optimizer_state = optimizer_->state();
-  std::optional<std::filesystem::path> path;
+  // Each move of the save runs only where none failed before it; the ranks meet between moves,
+  // and a failure anywhere ends them all, rank 0 removing what was begun.
   std::string failure = write_failure_;
-  if (leader_ && failure.empty()) {
+  const auto attempt = [&failure](const std::function<void()>& move) {
+    if (!failure.empty()) return;
     try {
-      checkpoint_writer_.wait();  // one host copy at a time: the one before is written first
-      path = checkpoint_writer_.save(
-          checkpoint_contents(model_, std::move(optimizer_state), progress_, config_,
-                              tokenizer_model_, world_.size, checkpoint_writer_.in_background()),
-          lineage_->confirmed());
+      move();
     } catch (const std::exception& error) {
       failure = error.what();
     }
+  };
+  const auto meet = [&] {
+    if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) == 0) return;
+    if (leader_) checkpoint_writer_.abandon(progress_.step);
+    fail_write(failure);
+  };
+  // One host copy at a time: the one before is written first.
+  attempt([&] { checkpoint_writer_.wait(); });
+  std::optional<WholeWeights> gathered;
+  if (!run_dir_shared_) gathered.emplace(*optimizer_);
+  // A collective where the state is gathered (Optimizer::state), so every rank makes its own.
+  std::optional<CheckpointContents> contents;
+  try {
+    contents = checkpoint_contents(
+        model_, *optimizer_, {.leader = leader_, .writing = run_dir_shared_ ? world_.size : 1},
+        progress_, config_, tokenizer_model_, world_.size, checkpoint_writer_.in_background());
+  } catch (const std::exception& error) {
+    if (failure.empty()) failure = error.what();
   }
-  // Also the barrier that keeps every rank behind rank 0's save: a failed one ends them all.
-  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
+  if (leader_) attempt([&] { checkpoint_writer_.begin(*contents); });
+  meet();  // no rank writes before rank 0 has made the files
+  attempt([&] { checkpoint_writer_.save(*contents, lineage_->confirmed()); });
+  meet();  // here: every share is written
+  std::optional<std::filesystem::path> path;
+  if (leader_ && !checkpoint_writer_.in_background())
+    attempt([&] { path = checkpoint_writer_.finish(*contents, lineage_->confirmed()); });
+  meet();  // every rank stays behind rank 0's save: a failed one ends them all
   lineage_->saved(progress_.step);
   // How long training stopped for the checkpoint: bench/checkpoint_pause.sh reads it.
   if (leader_)
@@ -1139,7 +1173,7 @@ int64_t TrainingRun::peak_memory() const {
   return cpu_allocations_ ? cpu_allocations_->peak_bytes() : peak_memory_bytes(device_);
 }
 
-// A stop vote of rank 0 whose background write failed: above any count of ranks asking to stop.
+// A stop vote of a rank whose background write failed: above any count of ranks asking to stop.
 constexpr double kWriteFailedVote = 1 << 30;
 
 // A signal reaches one rank (Slurm signals them all, a Ctrl-C only the launcher's): the ranks
@@ -1154,10 +1188,10 @@ bool TrainingRun::any_rank_asked_to_stop() {
   return votes > 0;
 }
 
-// Rank 0's background write that failed since the last step: every rank learns of it through the
-// next stop vote, and all end together.
+// This rank's background write that failed since the last step: every rank learns of it through
+// the next stop vote, and all end together.
 void TrainingRun::note_write_failure() {
-  if (!leader_ || !write_failure_.empty()) return;
+  if (!write_failure_.empty()) return;
   try {
     checkpoint_writer_.check();
   } catch (const std::exception& error) {
@@ -1165,12 +1199,12 @@ void TrainingRun::note_write_failure() {
   }
 }
 
-// Waits for rank 0's write in flight: a failure ends every rank, with rank 0 naming it. Returns
-// the checkpoint written, on rank 0.
+// Waits for this rank's write in flight: a failure ends every rank, with the rank that failed
+// naming it. Returns the checkpoint written, on rank 0.
 std::optional<std::filesystem::path> TrainingRun::settle_checkpoint_writes() {
   std::optional<std::filesystem::path> written;
   std::string failure = write_failure_;
-  if (leader_ && failure.empty()) {
+  if (failure.empty()) {
     try {
       written = checkpoint_writer_.wait();
     } catch (const std::exception& error) {
@@ -1181,10 +1215,13 @@ std::optional<std::filesystem::path> TrainingRun::settle_checkpoint_writes() {
   return written;
 }
 
+// Ends this rank after a failed save: with the reason where it failed here, else pointing to the
+// rank that did (rank 0 also names a rank that failed to write its share in the background).
 void TrainingRun::fail_write(const std::string& failure) const {
-  throw std::runtime_error(leader_ ? failure
-                                   : "rank 0 could not write a checkpoint (its log says why); "
-                                     "the checkpoints before it are kept");
+  throw std::runtime_error(!failure.empty()
+                               ? failure
+                               : "another rank could not write a checkpoint (its log says why); "
+                                 "the checkpoints before it are kept");
 }
 
 // Every rank takes part in the last vote before the run ends.
