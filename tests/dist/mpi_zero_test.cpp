@@ -396,7 +396,9 @@ struct ShardedSave {
     communicator.all_reduce_sum(0.0);  // the files are there
     store.write_share(contents);
     communicator.all_reduce_sum(0.0);  // every share is written
-    return world.rank == 0 ? store.finish(contents).string() : "";
+    const std::string saved = world.rank == 0 ? store.finish(contents).string() : "";
+    communicator.all_reduce_sum(0.0);  // the checkpoint is in its place
+    return saved;
   }
 
   Config config;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
 #include "model/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
@@ -343,6 +344,19 @@ TEST(HybridSharding, FourRanksAsTwoGroupsOfTwoTrainLikeOneRank) {
       }
     }
   }
+}
+
+// At start as in the dry run: a dist.shard_ranks that does not divide the ranks is one line and
+// exit 2 on every rank, before the run trains or writes anything but its lock.
+TEST(HybridSharding, ShardRanksThatDoNotDivideTheRanksStopTheRunBeforeItTrains) {
+  TemporaryDirectory dir;
+  const std::filesystem::path run_dir = dir / "run";
+  const auto run =
+      train(2, write_config(dir, "adamw"), run_dir.string(), 3, "--set dist.shard_ranks=3");
+  EXPECT_EQ(run.exit_code, kExitUserError) << run.output;
+  EXPECT_CONTAINS(run.output, "dist.shard_ranks 3 does not divide the 2 ranks");
+  for (const char* written : {"metrics.jsonl", "config.yaml", "checkpoints"})
+    EXPECT_FALSE(std::filesystem::exists(run_dir / written)) << written;
 }
 
 // A checkpoint of 2 ranks at stage 3 resumes on one rank at stage 0 and on 3 ranks at stage 1,
