@@ -320,7 +320,8 @@ void SafetensorsReader::read_pieces(const std::vector<TensorPiece>& pieces) cons
   at::NoGradGuard no_grad;
   for (const TensorPiece& piece : pieces) {
     // Read in the file's dtype, then copied (and cast) to wherever the piece lives.
-    piece.values.view({-1}).copy_(read(piece.name, piece.first, piece.values.numel()));
+    piece.values.copy_(
+        read(piece.name, piece.first, piece.values.numel()).view(piece.values.sizes()));
   }
 }
 

@@ -1122,9 +1122,11 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   }
   progress_.loss_level = spike_guard_->level();
   record_blend();
+  // One host copy at a time: the writes before end first (a failure of theirs ends every rank).
+  settle_checkpoint_writes();
   // Each move of the save runs only where none failed before it; the ranks meet between moves,
   // and a failure anywhere ends them all, rank 0 removing what was begun.
-  std::string failure = write_failure_;
+  std::string failure;
   const auto attempt = [&failure](const std::function<void()>& move) {
     if (!failure.empty()) return;
     try {
@@ -1138,8 +1140,6 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
     if (leader_) checkpoint_writer_.abandon(progress_.step);
     fail_write(failure);
   };
-  // One host copy at a time: the one before is written first.
-  attempt([&] { checkpoint_writer_.wait(); });
   std::optional<WholeWeights> gathered;
   if (!run_dir_shared_) gathered.emplace(*optimizer_);
   // A collective where the state is gathered (Optimizer::state), so every rank makes its own.
@@ -1199,19 +1199,24 @@ void TrainingRun::note_write_failure() {
   }
 }
 
-// Waits for this rank's write in flight: a failure ends every rank, with the rank that failed
-// naming it. Returns the checkpoint written, on rank 0.
+// Waits for the writes in flight: a failure ends every rank, with the rank that failed naming it.
+// Every rank but 0 waits first and the ranks meet, and only then rank 0, which awaits their
+// marks: where one of them failed without a mark, the run ends (and with it rank 0's wait)
+// rather than keeping rank 0 waiting for it until dist.timeout_s. Returns the checkpoint written,
+// on rank 0.
 std::optional<std::filesystem::path> TrainingRun::settle_checkpoint_writes() {
   std::optional<std::filesystem::path> written;
   std::string failure = write_failure_;
-  if (failure.empty()) {
-    try {
-      written = checkpoint_writer_.wait();
-    } catch (const std::exception& error) {
-      failure = error.what();
+  for (const bool waits_here : {!leader_, leader_}) {
+    if (waits_here && failure.empty()) {
+      try {
+        written = checkpoint_writer_.wait();
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
     }
+    if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
   }
-  if (communicator_->all_reduce_sum(failure.empty() ? 0.0 : 1.0) > 0) fail_write(failure);
   return written;
 }
 
