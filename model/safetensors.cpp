@@ -51,6 +51,13 @@ at::ScalarType parse_dtype(const std::string& name) {
   throw std::invalid_argument(fmt::format("unsupported dtype \"{}\"", name));
 }
 
+// The elements of a tensor of `shape` (one for a scalar's empty shape).
+int64_t elements_of(const std::vector<int64_t>& shape) {
+  int64_t elements = 1;
+  for (const int64_t dim : shape) elements *= dim;
+  return elements;
+}
+
 struct TensorEntry {
   std::string name;
   at::ScalarType dtype;
@@ -122,8 +129,8 @@ SafetensorsLayout::SafetensorsLayout(const std::vector<SafetensorsEntry>& entrie
   uint64_t offset = 0;
   for (auto& [name, placed] : entries_) {
     const SafetensorsEntry& entry = placed.first;
-    uint64_t bytes = at::elementSize(entry.dtype);
-    for (const int64_t dim : entry.shape) bytes *= static_cast<uint64_t>(dim);
+    const uint64_t bytes =
+        at::elementSize(entry.dtype) * static_cast<uint64_t>(elements_of(entry.shape));
     header[name] = {{"dtype", dtype_name(entry.dtype)},
                     {"shape", entry.shape},
                     {"data_offsets", {offset, offset + bytes}}};
@@ -171,8 +178,7 @@ void write_safetensors_pieces(const std::filesystem::path& path, const Safetenso
   // Every piece is checked before any is written.
   for (const TensorPiece& piece : pieces) {
     const SafetensorsEntry& entry = layout.entry(piece.name);
-    int64_t elements = 1;
-    for (const int64_t dim : entry.shape) elements *= dim;
+    const int64_t elements = elements_of(entry.shape);
     if (piece.values.scalar_type() != entry.dtype || piece.first < 0 ||
         piece.first + piece.values.numel() > elements) {
       throw std::invalid_argument(
@@ -297,9 +303,8 @@ at::Tensor SafetensorsReader::read(const std::string& name, int64_t first, int64
 NamedTensors SafetensorsReader::read_all() const {
   NamedTensors tensors;
   for (const auto& [name, placed] : placed_) {
-    int64_t elements = 1;
-    for (const int64_t dim : placed.entry.shape) elements *= dim;
-    tensors.emplace(name, read(name, 0, elements).reshape(placed.entry.shape));
+    tensors.emplace(name,
+                    read(name, 0, elements_of(placed.entry.shape)).reshape(placed.entry.shape));
   }
   return tensors;
 }
@@ -307,11 +312,8 @@ NamedTensors SafetensorsReader::read_all() const {
 void SafetensorsReader::read_pieces(const std::vector<TensorPiece>& pieces) const {
   for (const TensorPiece& piece : pieces) {
     const SafetensorsEntry* entry = find(piece.name);
-    int64_t elements = 1;
-    if (entry != nullptr) {
-      for (const int64_t dim : entry->shape) elements *= dim;
-    }
-    if (entry == nullptr || piece.first < 0 || piece.first + piece.values.numel() > elements) {
+    if (entry == nullptr || piece.first < 0 ||
+        piece.first + piece.values.numel() > elements_of(entry->shape)) {
       throw UserError(fmt::format("{}: holds no elements {} to {} of a tensor '{}'",
                                   in_.path().string(), piece.first,
                                   piece.first + piece.values.numel(), piece.name));
