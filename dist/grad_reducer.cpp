@@ -38,6 +38,7 @@ GradReducer::GradReducer(std::vector<at::Tensor> parameters, std::vector<BucketL
     const size_t b = buckets_.size();
     Bucket bucket;
     const at::TensorOptions options = parameters_.at(layout.members.front()).options();
+    bucket.options = options;
     if (!options_.release_buckets) bucket.buffer = at::zeros({layout.elements}, options);
     for (size_t k = 0; k < layout.members.size(); ++k) {
       const size_t i = layout.members[k];
@@ -136,7 +137,7 @@ void GradReducer::take_into_bucket(size_t parameter) {
   Bucket& bucket = buckets_[bucket_of_[parameter]];
   at::Tensor& grad = parameters_[parameter].mutable_grad();
   if (!bucket.buffer.defined()) {
-    bucket.buffer = at::zeros({bucket.layout.elements}, parameters_[parameter].options());
+    bucket.buffer = at::zeros({bucket.layout.elements}, bucket.options);
     if (options_.compress_bf16)
       bucket.wire = at::empty_like(bucket.buffer, bucket.buffer.options().dtype(at::kBFloat16));
   }

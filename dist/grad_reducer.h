@@ -89,6 +89,9 @@ class GradReducer {
  private:
   struct Bucket {
     BucketLayout layout;
+    // The gradients' dtype and device: the parameters' when the reducer is made (ZeRO-3's may
+    // be viewed in another dtype later, dist/unit_shards.h; their gradients are added in this one).
+    at::TensorOptions options;
     at::Tensor buffer;     // flat gradients of its parameters (released: while it is in use)
     size_t pending = 0;    // gradients still to arrive in this backward
     at::Tensor wire;       // bf16 twin reduced in place of buffer, when compressing

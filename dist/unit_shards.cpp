@@ -20,8 +20,12 @@ c10::StorageImpl& storage_of(const at::Tensor& tensor) {
 }  // namespace
 
 UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLayout> units,
-                       std::vector<size_t> order, Communicator& communicator)
-    : parameters_(std::move(parameters)), order_(std::move(order)), communicator_(communicator) {
+                       std::vector<size_t> order, Communicator& communicator,
+                       at::ScalarType gather_dtype)
+    : parameters_(std::move(parameters)),
+      order_(std::move(order)),
+      communicator_(communicator),
+      gather_dtype_(gather_dtype) {
   for (const size_t unit : order_)
     if (unit >= units.size()) throw std::invalid_argument("UnitShards: a position of no unit");
   at::NoGradGuard no_grad;
@@ -29,19 +33,28 @@ UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLay
   for (BucketLayout& layout : units) {
     if (layout.members.empty() || layout.elements % ranks != 0)
       throw std::invalid_argument("UnitShards: a unit without members, or not cut into parts");
-    Unit unit;
     const at::TensorOptions options = parameters_.at(layout.members.front()).options();
-    unit.whole = at::zeros({layout.elements}, options);
-    for (size_t k = 0; k < layout.members.size(); ++k) {
-      at::Tensor& parameter = parameters_.at(layout.members[k]);
-      const at::Tensor place = layout.member_view(unit.whole, k, parameter.sizes());
-      place.copy_(parameter);
-      parameter.set_data(place);
-    }
-    const int64_t elements = layout.part_elements(ranks);
-    unit.part = unit.whole.narrow(0, communicator_.rank() * elements, elements).clone();
-    unit.has_bytes = true;
+    if (options.dtype() != at::kFloat)
+      throw std::invalid_argument("UnitShards: the parts are kept in fp32");
+    Unit unit;
     unit.layout = std::move(layout);
+    const at::Tensor flat = at::zeros({unit.layout.elements}, options);
+    for (size_t k = 0; k < unit.layout.members.size(); ++k) {
+      const at::Tensor& parameter = parameters_.at(unit.layout.members[k]);
+      unit.layout.member_view(flat, k, parameter.sizes()).copy_(parameter);
+    }
+    view_parameters(unit, flat);
+    const int64_t elements = unit.layout.part_elements(ranks);
+    unit.part = flat.narrow(0, communicator_.rank() * elements, elements).clone();
+    if (casts()) {
+      unit.kept = flat;
+      unit.whole = at::empty({unit.layout.elements}, options.dtype(gather_dtype_));
+      unit.has_bytes = true;
+      free(unit);
+    } else {
+      unit.whole = flat;
+      unit.has_bytes = true;
+    }
     units_.push_back(std::move(unit));
   }
   most_whole_ = whole_units();
@@ -58,17 +71,22 @@ int64_t UnitShards::part_begin(size_t unit) const {
   return communicator_.rank() * units_.at(unit).layout.part_elements(communicator_.size());
 }
 
-// Gives the unit's whole tensor its bytes again, puts this rank's part in place and starts the
-// all-gather of the others'. Nothing when it is whole or on its way already.
+// The unit's whole tensor with bytes again (the device's allocator now, rather than the one the
+// storage was made with: a test's counting allocator sees the gathers).
+void UnitShards::give_bytes(Unit& unit) {
+  c10::StorageImpl& storage = storage_of(unit.whole);
+  const size_t bytes = unit.whole.numel() * unit.whole.element_size();
+  storage.set_data_ptr_noswap(c10::GetAllocator(unit.whole.device().type())->allocate(bytes));
+  storage.set_nbytes(bytes);
+}
+
+// Gives the unit's whole tensor its bytes again, puts this rank's part in place (cast to the
+// gather dtype) and starts the all-gather of the others'. Nothing when it is whole or on its way
+// already.
 void UnitShards::gather(size_t index) {
   Unit& unit = units_[index];
   if (unit.has_bytes) return;
-  c10::StorageImpl& storage = storage_of(unit.whole);
-  const size_t bytes = unit.whole.numel() * unit.whole.element_size();
-  // The device's allocator now, rather than the one the storage was made with: a test's counting
-  // allocator sees the gathers.
-  storage.set_data_ptr_noswap(c10::GetAllocator(unit.whole.device().type())->allocate(bytes));
-  storage.set_nbytes(bytes);
+  give_bytes(unit);
   at::NoGradGuard no_grad;
   unit.whole.narrow(0, part_begin(index), unit.part.numel()).copy_(unit.part);
   unit.gathering = communicator_.all_gather(unit.whole);
@@ -96,6 +114,15 @@ void UnitShards::free(Unit& unit) {
   storage.set_data_ptr_noswap(at::DataPtr(nullptr, unit.whole.device()));
   storage.set_nbytes(0);
   unit.has_bytes = false;
+}
+
+// Each of the unit's parameters a view of `flat`, laid out as the unit is. A view is made only of
+// a tensor with bytes; a parameter keeps viewing its storage once they are freed.
+void UnitShards::view_parameters(const Unit& unit, const at::Tensor& flat) {
+  for (size_t k = 0; k < unit.layout.members.size(); ++k) {
+    at::Tensor& parameter = parameters_.at(unit.layout.members[k]);
+    parameter.set_data(unit.layout.member_view(flat, k, parameter.sizes()));
+  }
 }
 
 bool UnitShards::read_twice(size_t unit) const {
@@ -162,9 +189,20 @@ void UnitShards::make_whole() {
   std::lock_guard lock(mutex_);
   if (kept_whole_) return;
   // A unit left whole since before an update holds the weights before it: each is gathered anew
-  // from the parts.
+  // from the parts, in fp32 where they are gathered in another dtype to train.
   for (Unit& unit : units_) free(unit);
-  for (size_t u = 0; u < units_.size(); ++u) wait_whole(u);
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!casts()) {
+      wait_whole(u);
+      continue;
+    }
+    Unit& unit = units_[u];
+    unit.kept = at::empty({unit.layout.elements}, unit.part.options());
+    unit.kept.narrow(0, part_begin(u), unit.part.numel()).copy_(unit.part);
+    communicator_.all_gather(unit.kept)->wait();
+    view_parameters(unit, unit.kept);
+  }
   kept_whole_ = true;
 }
 
@@ -174,7 +212,15 @@ void UnitShards::shard() {
   at::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    unit.part.copy_(unit.whole.narrow(0, part_begin(u), unit.part.numel()));
+    const at::Tensor& kept = casts() ? unit.kept : unit.whole;
+    unit.part.copy_(kept.narrow(0, part_begin(u), unit.part.numel()));
+    if (casts()) {
+      // The parameters view the gather dtype's tensor from here on: made with bytes, then freed.
+      give_bytes(unit);
+      unit.has_bytes = true;
+      view_parameters(unit, unit.whole);
+      unit.kept = at::Tensor();
+    }
     free(unit);
   }
   kept_whole_ = false;
@@ -182,7 +228,7 @@ void UnitShards::shard() {
 
 int64_t UnitShards::whole_units() const {
   return std::count_if(units_.begin(), units_.end(),
-                       [](const Unit& unit) { return unit.has_bytes; });
+                       [](const Unit& unit) { return unit.has_bytes || unit.kept.defined(); });
 }
 
 int64_t UnitShards::most_whole_units() const {

@@ -24,6 +24,14 @@ namespace mltrain {
 // storage object with no bytes in it (FSDP's storage resize_(0)); gathered again, the same storage
 // gets bytes again, so that what autograd saved of a weight in forward reads it in backward.
 //
+// The parts stay fp32, which the optimizer updates. With a gather dtype of bf16 (under bf16
+// autocast, as FSDP's param_dtype), each rank casts its part once per gather and the unit is
+// all-gathered, and computed with, in bf16: half the bytes on the wire and in flight, and the
+// parameters are bf16 views while the ranks train, so that autocast casts none of them and no
+// rank keeps a bf16 copy of the model from forward to backward. Their gradients come in bf16 and
+// are reduced in the reducer's own dtype. Kept whole (make_whole), the parameters are fp32 views
+// of an fp32 whole tensor, gathered exactly, for what reads or writes the model as it is kept.
+//
 // `order` gives the unit of each position the model runs in forward (unit_hooks.h). While one
 // position computes, the next position's unit is all-gathered (in backward, the previous one's):
 // at most two units are whole at once, besides a unit read at several positions (a tied
@@ -36,7 +44,8 @@ class UnitShards {
   // the ranks. Each parameter's current values (every rank's the same) become this rank's parts;
   // the weights stay whole, as after make_whole(), until shard().
   UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLayout> units,
-             std::vector<size_t> order, Communicator& communicator);
+             std::vector<size_t> order, Communicator& communicator,
+             at::ScalarType gather_dtype = at::kFloat);
   ~UnitShards();
   UnitShards(const UnitShards&) = delete;
   UnitShards& operator=(const UnitShards&) = delete;
@@ -68,6 +77,8 @@ class UnitShards {
   // rank's are the same), then every unit freed.
   void shard();
   bool whole() const { return kept_whole_; }
+  // The dtype the units are all-gathered and computed in while the ranks train.
+  at::ScalarType gather_dtype() const { return gather_dtype_; }
 
   // Whether `unit`'s all-gather is in flight: started, not yet waited for.
   bool gathering(size_t unit) const { return units_.at(unit).gathering != nullptr; }
@@ -79,15 +90,21 @@ class UnitShards {
  private:
   struct Unit {
     BucketLayout layout;
-    at::Tensor whole;  // the unit's flat weights; without bytes while freed
-    at::Tensor part;   // this rank's part, apart from `whole`
+    at::Tensor whole;  // the unit's flat weights in the gather dtype; without bytes while freed
+    at::Tensor part;   // this rank's part, fp32, apart from `whole`
+    // Kept whole with a gather dtype other than the parts': the unit's flat fp32 weights, which
+    // the parameters view until shard().
+    at::Tensor kept;
     std::unique_ptr<CollectiveWork> gathering;  // the all-gather in flight, if any
     bool has_bytes = false;
   };
 
+  void give_bytes(Unit& unit);
   void gather(size_t unit);
   void wait_whole(size_t unit);
   void free(Unit& unit);
+  void view_parameters(const Unit& unit, const at::Tensor& flat);
+  bool casts() const { return gather_dtype_ != at::kFloat; }
   bool read_after(size_t position) const;
   bool read_twice(size_t unit) const;
 
@@ -95,6 +112,7 @@ class UnitShards {
   std::vector<Unit> units_;
   std::vector<size_t> order_;
   Communicator& communicator_;
+  at::ScalarType gather_dtype_;
   bool kept_whole_ = true;
   std::optional<size_t> deferred_gather_;  // backward's prefetch, once the unit after goes
   int64_t most_whole_ = 0;

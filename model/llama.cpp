@@ -149,7 +149,13 @@ void LlamaImpl::check_positions(int64_t start_pos, int64_t first, int64_t last) 
 at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos,
                                  const at::Tensor& sin, int64_t start_pos, KVCache* cache,
                                  const std::shared_ptr<const DocumentAttention>& documents) {
-  at::Tensor h = in_unit(0, [&] { return token_embeddings(tokens); });
+  // Under autocast the residual stream is fp32, as the weights are kept: an embedding run in bf16
+  // (gathered so under ZeRO-3, dist/unit_shards.h) gives its rows cast up.
+  at::Tensor h = in_unit(0, [&] {
+    const at::Tensor rows = token_embeddings(tokens);
+    const bool autocast = AutocastSettings::now(tokens.device().type()).enabled;
+    return autocast && rows.scalar_type() != at::kFloat ? rows.to(at::kFloat) : rows;
+  });
   // Checkpointed, a block keeps only its input for backward, which runs it again: the
   // activations of one block are held at a time instead of those of every layer. Only where there
   // is a backward to feed (grad mode), and never with a cache, which the block appends to.

@@ -13,23 +13,35 @@ namespace mltrain {
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels)
     : weight(register_parameter("weight", at::ones({dim}))), eps_(eps), kernels_(kernels) {}
 
+namespace {
+
+// The weight in fp32 where x is: one vector's cast of a weight gathered in bf16 (ZeRO-3 under
+// autocast, dist/unit_shards.h), so that the fused kernels take it as they take a kept one.
+at::Tensor weight_for(const at::Tensor& weight, const at::Tensor& x) {
+  const bool gathered_bf16 = weight.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat;
+  return gathered_bf16 ? weight.to(at::kFloat) : weight;
+}
+
+}  // namespace
+
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  if (weight.scalar_type() == at::kFloat) {
-    if (runs_fused_cpu(kernels_, x)) return fused_rms_norm(x, weight, eps_);
-    if (runs_fused_cuda(kernels_, x)) return cuda_rms_norm(x, weight, eps_);
+  const at::Tensor w = weight_for(weight, x);
+  if (w.scalar_type() == at::kFloat) {
+    if (runs_fused_cpu(kernels_, x)) return fused_rms_norm(x, w, eps_);
+    if (runs_fused_cuda(kernels_, x)) return cuda_rms_norm(x, w, eps_);
   }
-  return rms_norm_composition(x, weight, eps_);
+  return rms_norm_composition(x, w, eps_);
 }
 
 std::pair<at::Tensor, at::Tensor> RMSNormImpl::add_then_forward(const at::Tensor& residual,
                                                                 const at::Tensor& delta) {
-  if (weight.scalar_type() == at::kFloat &&
-      fused_function::add_keeps_dtype_and_shape(residual, delta)) {
+  const at::Tensor w = weight_for(weight, residual);
+  if (w.scalar_type() == at::kFloat && fused_function::add_keeps_dtype_and_shape(residual, delta)) {
     if (runs_fused_cpu(kernels_, residual) && runs_fused_cpu(kernels_, delta)) {
-      return fused_add_rms_norm(residual, delta, weight, eps_);
+      return fused_add_rms_norm(residual, delta, w, eps_);
     }
     if (runs_fused_cuda(kernels_, residual) && runs_fused_cuda(kernels_, delta)) {
-      return cuda_add_rms_norm(residual, delta, weight, eps_);
+      return cuda_add_rms_norm(residual, delta, w, eps_);
     }
   }
   at::Tensor sum = residual + delta;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "dist/bucket_layout.h"
 #include "dist/grad_reducer.h"
 #include "dist/world.h"
+#include "model/autocast_region.h"
 #include "model/hf_state_dict.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
@@ -325,11 +327,18 @@ TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart
 }
 
 // ZeRO-3 with its own model, whose units it runs, as a run holds them.
+// With `gather_bf16`, its units are gathered in bf16, as under bf16 autocast.
 struct FullyShardedRun {
-  explicit FullyShardedRun(const ModelConfig& config = testing::tiny_config())
+  explicit FullyShardedRun(const ModelConfig& config = testing::tiny_config(),
+                           bool gather_bf16 = false)
       : model([&] {
           at::manual_seed(7);
           return Llama(config, Kernels::fused_cpu);
+        }()),
+        optimizer(hf_parameters(model), model->unit_parameters(), *communicator, [&] {
+          DataParallelOptions options;
+          options.gather_bf16 = gather_bf16;
+          return options;
         }()) {
     model->set_unit_hooks(optimizer.unit_hooks());
     optimizer.shard_weights();
@@ -337,7 +346,7 @@ struct FullyShardedRun {
 
   Llama model;
   std::unique_ptr<Communicator> communicator = make_communicator(world);
-  Zero3AdamW optimizer{hf_parameters(model), model->unit_parameters(), *communicator, {}};
+  Zero3AdamW optimizer;
 };
 
 // Between steps a rank holds its part of every unit and no whole unit; the parts add up to the
@@ -533,6 +542,66 @@ TEST(UnitShards, TheNextUnitIsGatheredWhileOneRunsAndAtMostTwoBlocksAreWhole) {
     for (size_t p = 0; p < watched->next_on_its_way_.size(); ++p)
       EXPECT_TRUE(watched->next_on_its_way_[p]) << "position " << p << ", recompute " << recompute;
     run.optimizer.update(1e-2, at::zeros({}));
+  }
+}
+
+// The dtype of every parameter of `model`.
+std::set<at::ScalarType> dtypes_of(const Llama& model) {
+  std::set<at::ScalarType> dtypes;
+  for (const at::Tensor& parameter : model->parameters()) dtypes.insert(parameter.scalar_type());
+  return dtypes;
+}
+
+// One forward and backward under bf16 autocast, its gradients reduced; returns the most bytes the
+// CPU allocator held meanwhile beyond what it held before.
+int64_t bf16_step_peak(FullyShardedRun& run) {
+  const CpuAllocationCounter counter;
+  run.optimizer.set_sync(true);
+  {
+    const AutocastGuard autocast(c10::Device(c10::kCPU), /*enabled=*/true);
+    const at::Tensor windows = windows_of(world.rank);
+    const at::Tensor loss =
+        next_token_loss(run.model(windows.narrow(1, 0, 16)), windows.narrow(1, 1, 16));
+    loss.backward();
+  }
+  run.optimizer.reduce_gradients();
+  return counter.peak_bytes();
+}
+
+// Under bf16 autocast the units are all-gathered in bf16 (FSDP's param_dtype): while the ranks
+// train, the parameters are bf16 views, which autocast takes as they are, so that no rank keeps
+// autocast's bf16 casts of the whole model from forward to backward, as gathering in fp32 does;
+// kept whole, they are the fp32 weights exactly. The gradients each rank receives are those of the
+// weights rounded to bf16: within bf16's precision of fp32 gathering's, and not equal to them.
+TEST(UnitShards, UnderBf16TheUnitsAreGatheredAndRunInBf16AndKeptWholeInFp32) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  ModelConfig config = testing::tiny_config();
+  config.n_layers = 5;
+  FullyShardedRun in_fp32(config);
+  FullyShardedRun in_bf16(config, /*gather_bf16=*/true);
+  EXPECT_EQ(dtypes_of(in_bf16.model), std::set{at::kBFloat16});
+  {
+    const WholeWeights bf16_whole(in_bf16.optimizer);
+    const WholeWeights fp32_whole(in_fp32.optimizer);
+    EXPECT_EQ(dtypes_of(in_bf16.model), std::set{at::kFloat});
+    const std::vector<at::Tensor> expected = in_fp32.model->parameters();
+    const std::vector<at::Tensor> kept = in_bf16.model->parameters();
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], expected[i])) << i;
+  }
+  EXPECT_EQ(dtypes_of(in_bf16.model), std::set{at::kBFloat16});
+
+  const int64_t fp32_peak = bf16_step_peak(in_fp32);
+  const int64_t bf16_peak = bf16_step_peak(in_bf16);
+  const int64_t parameters = in_fp32.model->num_parameters();
+  EXPECT_GE(fp32_peak - bf16_peak, 2 * parameters)
+      << "gathered in fp32 a step holds " << fp32_peak << " bytes, in bf16 " << bf16_peak;
+
+  for (size_t u = 0; u < in_fp32.optimizer.parts().size(); ++u) {
+    const at::Tensor& expected = in_fp32.optimizer.parts()[u].gradients;
+    const at::Tensor& seen = in_bf16.optimizer.parts()[u].gradients;
+    EXPECT_EQ(seen.scalar_type(), at::kFloat);
+    EXPECT_LE(testing::relative_error(seen, expected), 2e-2) << "unit " << u;
+    EXPECT_FALSE(at::equal(seen, expected)) << "unit " << u;
   }
 }
 

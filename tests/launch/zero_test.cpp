@@ -268,6 +268,33 @@ TEST(ZeroStageThree, UntiedEmbeddingsTrainLikeOneRankWithout) {
                final_file(dir / "one", "model.safetensors"), 2e-5, "untied, 2 ranks at stage 3");
 }
 
+// Under bf16 autocast the units are gathered and run in bf16 (dist/unit_shards.h): 2 ranks train
+// as one rank under bf16 without sharding does, to bf16's precision. Each step's loss is within
+// 1e-2 (the tolerance of the reducer's bf16 wire; measured 0.3%), and the final weights within 5e-2
+// (measured 2%; 2 ranks without sharding end 3.5% from one rank here, from the bf16 products of
+// other micro-batch shapes alone). The checkpoint's weights and moments are fp32.
+TEST(ZeroStageThree, UnderBf16TwoRanksTrainLikeOneRankWithout) {
+  TemporaryDirectory dir;
+  const std::string config = write_config(dir, "adamw");
+  const std::string bf16 = "--set train.precision=bf16";
+  const auto one = train(1, config, (dir / "one").string(), 0, bf16);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto two = train(2, config, (dir / "two").string(), 3, bf16);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const std::map<int64_t, double> expected = by_step(dir / "one", "loss");
+  const std::map<int64_t, double> seen = by_step(dir / "two", "loss");
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(expected.size(), seen.size());
+  for (const auto& [step, loss] : expected)
+    EXPECT_NEAR(seen.at(step), loss, 1e-2 * loss) << "step " << step;
+  const NamedTensors weights = final_file(dir / "two", "model.safetensors");
+  expect_close(weights, final_file(dir / "one", "model.safetensors"), 5e-2,
+               "bf16, 2 ranks at stage 3");
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    for (const auto& [name, tensor] : final_file(dir / "two", file))
+      EXPECT_EQ(tensor.scalar_type(), at::kFloat) << file << ": " << name;
+}
+
 // Rank 0's peak of the CPU allocator in training (train.cpu_memory allocator) is what the
 // memory plan gives, within 10%, at every stage on 4 ranks, for a model whose weights, gradients
 // and AdamW state (16 bytes a parameter) outweigh its activations: at stage 3 a quarter of them
@@ -317,6 +344,22 @@ TEST(ZeroStages, RankZerosPeakAllocationIsWhatThePlanGives) {
   // hold more than a model this small has).
   EXPECT_LT(peaks[1], peaks[0]);
   EXPECT_LT(peaks[3], peaks[1]);
+
+  // Under bf16 autocast at stage 3, the units whole at once in bf16 and no cast of the weights
+  // (a bf16 copy of every weight, held from forward to backward, would be 2 bytes a parameter
+  // more: 28% of this plan).
+  const std::filesystem::path bf16_dir = dir / "stage3_bf16";
+  const auto bf16 = train(4, path.string(), bf16_dir.string(), 3, "--set train.precision=bf16", 8);
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const MemoryPlan plan =
+      plan_memory(config, {.ranks = 4, .cuda = false, .bf16 = true, .device_memory = std::nullopt});
+  const double planned =
+      plan.weights + plan.gradients + plan.optimizer + plan.activations + plan.working;
+  int64_t peak = 0;
+  for (const auto& [step, bytes] : by_step(bf16_dir, "peak_memory_bytes"))
+    peak = std::max(peak, static_cast<int64_t>(bytes));
+  EXPECT_NEAR(static_cast<double>(peak) / planned, 1.0, 0.1)
+      << "stage 3 under bf16: " << peak << " bytes, planned " << planned;
 }
 
 // Hybrid sharding (dist.shard_ranks 2): 4 ranks as 2 groups of 2, each group sharding a replica

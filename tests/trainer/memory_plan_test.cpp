@@ -110,6 +110,31 @@ TEST(MemoryPlan, HybridShardingCutsTheStateAmongAGroupOnly) {
   EXPECT_THROW(plan_memory(config, eight), UserError);
 }
 
+// Under bf16 autocast, ZeRO-3 gathers its units in bf16 (dist/unit_shards.h): the units whole at
+// once and the gradient autograd makes of one parameter take half their fp32 bytes, and autocast
+// casts no weight, where without sharding it keeps a bf16 cast of every one (2 bytes a
+// parameter).
+TEST(MemoryPlan, ShardedWeightsUnderBf16AreGatheredInBf16AndNeverCast) {
+  Config config;  // the base model: tied embeddings, its largest parameter the embedding
+  config.train.activation_checkpointing = false;
+  const ModelConfig& model = config.model;
+  const int64_t p = kBaseParameters;
+  const int64_t embedding = model.vocab_size * model.d_model;
+  const int64_t whole_at_once = embedding + model.d_model + 2 * model.block_parameters();
+  const auto plan = [&](int stage, bool bf16) {
+    config.dist.zero_stage = stage;
+    return plan_memory(config,
+                       {.ranks = 8, .cuda = true, .bf16 = bf16, .device_memory = std::nullopt});
+  };
+  const MemoryPlan fp32 = plan(3, false);
+  const MemoryPlan bf16 = plan(3, true);
+  EXPECT_EQ(fp32.weights - bf16.weights, 2 * whole_at_once);
+  EXPECT_EQ(fp32.gradients - bf16.gradients, 2 * embedding);
+  EXPECT_EQ(plan(0, true).working - bf16.working, 2 * p);
+  EXPECT_EQ(bf16.whole_between_steps, 4 * p - 2 * whole_at_once);
+  EXPECT_CONTAINS(describe(bf16), "the units whole at once in bf16");
+}
+
 // Muon keeps one momentum per block matrix (AdamW two moments of the rest), shards whole
 // parameters, and all-reduces the gradients whole; the unsharded plan is the bytes MuonOptimizer
 // holds, less the AdamW step count.

@@ -111,6 +111,9 @@ struct DataParallelOptions {
   bool shard_gradients = false;
   // AdamW's: shard the weights too (ZeRO-3), by the model's units (make_optimizer's `units`).
   bool shard_weights = false;
+  // With shard_weights, under bf16 autocast: each unit all-gathered, and computed with, in bf16
+  // (dist/unit_shards.h).
+  bool gather_bf16 = false;
   AdamWOptions adamw;
   // Muon for the blocks' matrices (muon_optimizer.h), at muon_lr_ratio times AdamW's learning
   // rate; none: AdamW for everything.

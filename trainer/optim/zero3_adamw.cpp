@@ -52,12 +52,13 @@ UnitAssignment assign_units(const std::vector<at::Tensor>& parameters,
 }
 
 std::shared_ptr<UnitShards> shards_of(const NamedParameters& parameters,
-                                      const UnitParameters& positions, Communicator& communicator) {
+                                      const UnitParameters& positions, Communicator& communicator,
+                                      bool gather_bf16) {
   const std::vector<at::Tensor> tensors = tensors_of(parameters);
   UnitAssignment assignment = assign_units(tensors, positions);
-  return std::make_shared<UnitShards>(tensors,
-                                      lay_out_units(tensors, assignment.units, communicator.size()),
-                                      std::move(assignment.order), communicator);
+  return std::make_shared<UnitShards>(
+      tensors, lay_out_units(tensors, assignment.units, communicator.size()),
+      std::move(assignment.order), communicator, gather_bf16 ? at::kBFloat16 : at::kFloat);
 }
 
 std::vector<BucketLayout> unit_layouts(const UnitShards& shards) {
@@ -101,7 +102,7 @@ class ShardedUnitHooks : public UnitHooks {
 Zero3AdamW::Zero3AdamW(const NamedParameters& parameters, const UnitParameters& units,
                        Communicator& communicator, const DataParallelOptions& options)
     : communicator_(communicator),
-      shards_(shards_of(parameters, units, communicator)),
+      shards_(shards_of(parameters, units, communicator, options.gather_bf16)),
       reducer_(
           tensors_of(parameters), backward_buckets(*shards_), communicator,
           {.overlap = options.overlap,
@@ -126,8 +127,9 @@ std::vector<PartsAdamW::Part> Zero3AdamW::parts_of_units() const {
 
 std::optional<SafetensorsShare> Zero3AdamW::weights_share() const {
   SafetensorsShare share;
+  // The weights as the parts keep them, whatever dtype the units are gathered in.
   for (const NamedParameter& parameter : adamw_.parameters())
-    add_part_entries(share.entries, parameter, "", parameter.tensor.scalar_type());
+    add_part_entries(share.entries, parameter, "", shards_->part(0).scalar_type());
   if (!writes_its_parts(communicator_)) return share;
   for (size_t u = 0; u < shards_->units(); ++u) {
     for (TensorPiece& piece : pieces_of_part(adamw_.parameters(), shards_->layout(u),

@@ -25,6 +25,9 @@ namespace mltrain {
 //   reduce_gradients(): the last reduce-scatters waited for;
 //   update(): AdamW on this rank's parts of the weights (parts_adamw.h); nothing is gathered, as
 //     the next forward gathers each unit when it runs.
+// Under bf16 autocast (options.gather_bf16) the units are gathered and run in bf16, cast once
+// from the fp32 parts, and their bf16 gradients are added into the reducer's fp32 buckets, then
+// reduce-scattered in dist.grad_dtype; AdamW updates the fp32 parts.
 // Every micro-step of gradient accumulation is reduce-scattered, as under ZeRO-2 (grad_reducer.h
 // says why). A recomputed block (activation checkpointing) runs inside its backward, when its
 // weights are whole.

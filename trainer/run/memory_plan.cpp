@@ -115,6 +115,7 @@ ComputePath compute_path(const Config& config, const PlanTarget& target) {
           .cuda_loss = kernels == Kernels::fused_cuda,
           .repeated_kv =
               target.cuda && !target.bf16 && config.model.n_q_heads != config.model.n_kv_heads,
+          .casts_weights = target.bf16 && !shards_weights(config, target.ranks),
           .document_bytes_per_token = config.data.document_masking ? document_bytes : 0};
 }
 
@@ -131,7 +132,7 @@ double working_bytes(const ModelConfig& model, int64_t tokens, const ComputePath
                      bool activation_checkpointing) {
   const auto count = [](int64_t value) { return static_cast<double>(value); };
   // Autocast caches its bf16 casts of the weights for the forward pass.
-  const double casts = path.bf16 ? 2 * count(model.parameters()) : 0;
+  const double casts = path.casts_weights ? 2 * count(model.parameters()) : 0;
   // The chunked loss computes the output weight's gradient in forward, in fp32, and holds it into
   // backward; ATen's loss has backward hold the gradients of the log-softmax and of the logits,
   // about 8 bytes per token and word of the vocabulary; the CUDA cross-entropy writes the logits'
@@ -264,23 +265,26 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const double part = std::ceil(values / shard);
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
   plan.weights_sharded = shards_weights(config, target.ranks);
-  // Sharded, this rank's part of every unit and the units whole at once; and the rotary tables,
-  // cos and sin in fp32 for each of model.max_seq_len positions.
+  // Sharded, this rank's part of every unit and the units whole at once, gathered in bf16 under
+  // bf16 autocast; and the rotary tables, cos and sin in fp32 for each of model.max_seq_len
+  // positions.
   const double whole_units = std::min(whole_unit_values(model), values);
-  plan.weights = (plan.weights_sharded ? 4 * part + 4 * whole_units : 4 * values) +
+  const double gathered_bytes = target.bf16 ? 2 : 4;
+  plan.weights = (plan.weights_sharded ? 4 * part + gathered_bytes * whole_units : 4 * values) +
                  8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
   // The set-up (each rank builds or loads the whole model before taking its parts) and a
   // rollback's load hold every unit whole beside the parts; evaluating gathers them unit by unit,
   // as training does, and saving gathers nothing (each rank writes its parts).
-  if (plan.weights_sharded) plan.whole_between_steps = 4 * (values - whole_units);
+  if (plan.weights_sharded) plan.whole_between_steps = 4 * values - gathered_bytes * whole_units;
   plan.gradients_sharded = shards_gradients(config, target.ranks);
   // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;
   // with the weights sharded, the buckets are the units whole at once, and one parameter's
-  // gradient as autograd makes it).
+  // gradient as autograd makes it, in the dtype the unit is gathered in: counted here in fp32's
+  // values).
+  const double autograd_gradient = gathered_bytes / 4 * largest_parameter(model);
   const double whole = !plan.gradients_sharded ? values
-                       : plan.weights_sharded
-                           ? std::min(whole_units + largest_parameter(model), values)
-                           : released_buckets(config);
+                       : plan.weights_sharded  ? std::min(whole_units + autograd_gradient, values)
+                                               : released_buckets(config);
   plan.gradients = 4 * whole + (plan.sharded ? 4 * part : 0);
   const bool bf16_wire = config.dist.grad_dtype == "bf16" && ranks > 1;
   // dist.grad_dtype bf16: each bucket's bf16 copy on the wire.
@@ -339,7 +343,9 @@ std::string describe(const MemoryPlan& plan) {
   };
   line("runtime (libraries, buffers)", plan.runtime, "an estimate");
   line("weights (fp32)", plan.weights,
-       plan.weights_sharded ? "this rank's part, and the units whole at once" : "");
+       !plan.weights_sharded ? ""
+       : plan.target.bf16    ? "this rank's part, and the units whole at once in bf16"
+                             : "this rank's part, and the units whole at once");
   line("gradients (fp32 buckets)", plan.gradients,
        plan.gradients_sharded ? "this rank's averaged part, and the buckets in use"
        : plan.sharded         ? "and this rank's averaged part"

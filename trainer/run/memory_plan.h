@@ -81,6 +81,9 @@ struct ComputePath {
   // ATen's.
   bool cuda_loss = false;
   bool repeated_kv = false;  // attention repeats keys and values to every query head (fp32 CUDA)
+  // Under bf16, autocast casts the fp32 weights and keeps the casts; ZeRO-3 gathers its units in
+  // bf16 instead (dist/unit_shards.h), which autocast then takes as they are.
+  bool casts_weights = false;
   // data.document_masking: what the packed documents add per token, held from forward through
   // backward by every layer at once: each token's rotary rows (cos and sin) and position,
   // and its row of the [B, 1, T, T] mask (none for variable-length flash, CUDA in bf16).

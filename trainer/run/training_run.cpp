@@ -465,6 +465,7 @@ void TrainingRun::build_optimizer() {
                       .zero1 = sharded,
                       .shard_gradients = shards_gradients(config_, world_.size),
                       .shard_weights = shards_weights(config_, world_.size),
+                      .gather_bf16 = precision_.bf16,
                       .adamw = {config_.optim.beta1, config_.optim.beta2, config_.optim.eps,
                                 config_.optim.weight_decay},
                       .muon = muon_options(config_.optim),
