@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up (launch/setup.sh) and builds mltrain into build/, binaries in build/bin/: the targets
 # named as arguments (the demo's: mltrain mlprep mlgen), or with none everything, the tests too.
-# BUILD_TYPE (default RelWithDebInfo) and MLTRAIN_HOME (default ~/.cache/mltrain) can be set.
+# BUILD_TYPE (default Release: -O2 without debug information; RelWithDebInfo to debug) and
+# MLTRAIN_HOME (default ~/.cache/mltrain) can be set.
 # Warnings in the project's code are errors here, with the compiler setup.sh installs (CI builds
 # through this script); a build by hand with another compiler keeps them warnings.
 set -euo pipefail
@@ -9,7 +10,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 bash launch/setup.sh
 mkdir -p build
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DMLTRAIN_WERROR=ON \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DMLTRAIN_WERROR=ON \
   -DMLTRAIN_PYTHON="${MLTRAIN_HOME:-$HOME/.cache/mltrain}/venv/bin/python" >build/cmake.log 2>&1 \
   || { cat build/cmake.log; exit 1; }
 # What is left to build, and about how long it takes: the first build of everything, 202 steps,
