@@ -2,7 +2,9 @@
 # The include arrows of ARCHITECTURE.md, checked: model/, data/ and dist/ include (of the project's
 # folders) only common/ and themselves; trainer/ includes neither launch/, tests/ nor bench/.
 # Inside trainer/ the sub-folders point down too: config/ includes no other; machine/, optim/ and
-# report/ include only config/; checkpoint/ adds optim/; run/ may include them all.
+# report/ include only config/; checkpoint/ adds optim/; run/ may include them all. Inside model/
+# likewise: kernels/ includes no other; layers/ only kernels/; interop/ and generation/ not each
+# other.
 # Prints each include that breaks them as file:line and exits 1; exits 0 when they all hold.
 # Only #include "folder/..." of a project folder counts, so third-party quoted includes pass.
 set -euo pipefail
@@ -47,9 +49,13 @@ check trainer/machine trainer/optim trainer/report trainer/checkpoint trainer/ru
 check trainer/optim trainer/machine trainer/report trainer/checkpoint trainer/run
 check trainer/report trainer/machine trainer/optim trainer/checkpoint trainer/run
 check trainer/checkpoint trainer/machine trainer/report trainer/run
+check model/kernels model/layers model/interop model/generation
+check model/layers model/interop model/generation
+check model/interop model/generation
+check model/generation model/interop
 
 if ((violations > 0)); then
   printf 'layering: %d include(s) break the arrows of ARCHITECTURE.md\n' "$violations"
   exit 1
 fi
-echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/, and its sub-folders point down"
+echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/; the sub-folders of trainer/ and model/ point down"

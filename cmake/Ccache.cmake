@@ -9,7 +9,7 @@ if(CCACHE_PROGRAM)
       CCACHE_BASEDIR=${CMAKE_SOURCE_DIR} CCACHE_NOHASHDIR=1
       CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
       ${CCACHE_PROGRAM})
-  # nvcc too (model/cuda_launch.cu), with the same settings.
+  # nvcc too (model/kernels/cuda_launch.cu), with the same settings.
   set(CMAKE_CUDA_COMPILER_LAUNCHER ${CMAKE_CXX_COMPILER_LAUNCHER})
   message(STATUS "ccache: ${CCACHE_PROGRAM}")
 endif()

@@ -191,18 +191,26 @@ void UnitShards::make_whole() {
   // A unit left whole since before an update holds the weights before it: each is gathered anew
   // from the parts, in fp32 where they are gathered in another dtype to train.
   for (Unit& unit : units_) free(unit);
-  at::NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (!casts()) {
-      wait_whole(u);
-      continue;
-    }
-    Unit& unit = units_[u];
-    unit.kept = at::empty({unit.layout.elements}, unit.part.options());
-    unit.kept.narrow(0, part_begin(u), unit.part.numel()).copy_(unit.part);
-    communicator_.all_gather(unit.kept)->wait();
-    view_parameters(unit, unit.kept);
+  if (!casts()) {
+    for (size_t u = 0; u < units_.size(); ++u) wait_whole(u);
+    kept_whole_ = true;
+    return;
   }
+  // Every unit gathered before any parameter views it: a gather that fails leaves the parameters
+  // as they were.
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> kept;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    kept.push_back(at::empty({unit.layout.elements}, unit.part.options()));
+    kept.back().narrow(0, part_begin(u), unit.part.numel()).copy_(unit.part);
+    communicator_.all_gather(kept.back())->wait();
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].kept = std::move(kept[u]);
+    view_parameters(units_[u], units_[u].kept);
+  }
+  most_whole_ = std::max(most_whole_, whole_units());
   kept_whole_ = true;
 }
 

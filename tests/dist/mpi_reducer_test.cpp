@@ -12,7 +12,7 @@
 #include "dist/grad_reducer.h"
 #include "dist/mpi_polling.h"
 #include "dist/world.h"
-#include "model/llama.h"
+#include "model/layers/llama.h"
 #include "tests/dist/mpi_test_world.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"

@@ -5,7 +5,7 @@
 #include "common/file_tree.h"
 #include "dist/communicator.h"
 #include "dist/world.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/dist/mpi_test_world.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"

@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include "model/attention.h"
-#include "model/autocast_region.h"
-#include "model/model_config.h"
-#include "model/rotary.h"
+#include "model/kernels/autocast_region.h"
+#include "model/layers/attention.h"
+#include "model/layers/model_config.h"
+#include "model/layers/rotary.h"
 
 namespace mltrain {
 namespace {

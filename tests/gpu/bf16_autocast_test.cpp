@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "model/autocast_region.h"
-#include "model/llama.h"
+#include "model/kernels/autocast_region.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 #include "trainer/run/train_step.h"
 

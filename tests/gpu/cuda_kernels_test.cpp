@@ -4,7 +4,7 @@
 // autocast dtype; the weight gradient's sum repeatable bit for bit; and the model built with them
 // against the model built with ATen's. train.kernels: auto keeps the ATen layers on CUDA until
 // these have passed on a GPU.
-#include "model/cuda_kernels.h"
+#include "model/kernels/cuda_kernels.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "model/autocast_region.h"
-#include "model/feed_forward.h"
-#include "model/linear.h"
-#include "model/llama.h"
-#include "model/rms_norm.h"
-#include "model/rotary.h"
+#include "model/kernels/autocast_region.h"
+#include "model/layers/feed_forward.h"
+#include "model/layers/linear.h"
+#include "model/layers/llama.h"
+#include "model/layers/rms_norm.h"
+#include "model/layers/rotary.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/kernel_check.h"
 #include "tests/support/test_support.h"

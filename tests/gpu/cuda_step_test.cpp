@@ -6,7 +6,7 @@
 #include <torch/cuda.h>
 
 #include "dist/grad_reducer.h"
-#include "model/llama.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model/document_attention.h"
-#include "model/packed_documents.h"
+#include "model/layers/document_attention.h"
+#include "model/layers/packed_documents.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {

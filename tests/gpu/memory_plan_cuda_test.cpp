@@ -9,7 +9,7 @@
 
 #include <optional>
 
-#include "model/cuda_kernels.h"
+#include "model/kernels/cuda_kernels.h"
 #include "tests/support/activation_memory.h"
 #include "trainer/run/memory_plan.h"
 

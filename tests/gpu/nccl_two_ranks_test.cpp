@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 

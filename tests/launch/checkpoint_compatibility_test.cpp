@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 

@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "data/blended_sampler.h"
 #include "data/token_windows.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/launch/fault_support.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/launch/fault_support.h"
 #include "tests/support/test_support.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/launch/fault_support.h"
 #include "tests/support/test_support.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/hf_state_dict.h"
+#include "model/interop/hf_state_dict.h"
 #include "tests/launch/trained_run.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"

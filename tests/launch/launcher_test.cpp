@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 

@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "data/corpus_prep.h"
 #include "data/tokenizer.h"
-#include "model/hf_state_dict.h"
+#include "model/interop/hf_state_dict.h"
 #include "tests/support/test_support.h"
 #include "trainer/config/config.h"
 

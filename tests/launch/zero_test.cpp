@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/run/memory_plan.h"
@@ -349,6 +349,7 @@ TEST(ZeroStages, RankZerosPeakAllocationIsWhatThePlanGives) {
   // (a bf16 copy of every weight, held from forward to backward, would be 2 bytes a parameter
   // more: 28% of this plan).
   const std::filesystem::path bf16_dir = dir / "stage3_bf16";
+  config.dist.zero_stage = 3;
   const auto bf16 = train(4, path.string(), bf16_dir.string(), 3, "--set train.precision=bf16", 8);
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
   const MemoryPlan plan =

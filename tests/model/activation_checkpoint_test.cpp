@@ -1,4 +1,4 @@
-#include "model/activation_checkpoint.h"
+#include "model/layers/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "model/autocast_region.h"
-#include "model/kernels.h"
-#include "model/llama.h"
+#include "model/kernels/autocast_region.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "trainer/machine/cpu_allocation_counter.h"

@@ -1,4 +1,4 @@
-#include "model/attention.h"
+#include "model/layers/attention.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <optional>
 
-#include "model/kv_cache.h"
-#include "model/llama.h"
+#include "model/layers/kv_cache.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 
 namespace mltrain {

@@ -1,6 +1,6 @@
 // The fused CPU kernels against the ATen compositions they replace: forward values and the
 // gradient of every input, in fp32 and bf16, with rows that are not a multiple of the vector width.
-#include "model/cpu_kernels.h"
+#include "model/kernels/cpu_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "model/autocast_region.h"
-#include "model/feed_forward.h"
-#include "model/kernels.h"
-#include "model/rms_norm.h"
-#include "model/rotary.h"
+#include "model/kernels/autocast_region.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/feed_forward.h"
+#include "model/layers/rms_norm.h"
+#include "model/layers/rotary.h"
 #include "tests/support/kernel_check.h"
 #include "tests/support/test_support.h"
 
@@ -31,8 +31,9 @@ using testing::relative_error;
 using testing::run_with_grad;
 using testing::to_float;
 
-// The kernels run where ATen runs AVX2 or better (model/cpu_kernels.cpp); elsewhere, or under
-// ATEN_CPU_CAPABILITY=default, the layers run the composition and there is nothing to compare.
+// The kernels run where ATen runs AVX2 or better (model/kernels/cpu_kernels.cpp); elsewhere, or
+// under ATEN_CPU_CAPABILITY=default, the layers run the composition and there is nothing to
+// compare.
 class RunsWhereTheKernelsDo : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -7,10 +7,10 @@
 
 #include <vector>
 
-#include "model/autocast_region.h"
-#include "model/document_attention.h"
-#include "model/llama.h"
-#include "model/packed_documents.h"
+#include "model/kernels/autocast_region.h"
+#include "model/layers/document_attention.h"
+#include "model/layers/llama.h"
+#include "model/layers/packed_documents.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 

@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "model/generation/generate.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/kv_cache.h"
+#include "model/layers/kv_cache.h"
 #include "tests/model/tiny_config.h"
 
 namespace mltrain {

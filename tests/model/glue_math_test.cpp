@@ -4,7 +4,7 @@
 // backward, in fp32 and from bf16 inputs, at sizes that are no multiple of anything. What a GPU
 // adds, the launches and the reductions across threads, tests/gpu/cuda_kernels_test.cpp checks
 // there.
-#include "model/glue_math.h"
+#include "model/kernels/glue_math.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
@@ -16,10 +16,10 @@
 #include <utility>
 #include <vector>
 
-#include "model/feed_forward.h"
-#include "model/rms_norm.h"
-#include "model/rotary.h"
-#include "model/scalar_math.h"
+#include "model/kernels/scalar_math.h"
+#include "model/layers/feed_forward.h"
+#include "model/layers/rms_norm.h"
+#include "model/layers/rotary.h"
 #include "tests/support/kernel_check.h"
 #include "tests/support/test_support.h"
 

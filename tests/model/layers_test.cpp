@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "model/rms_norm.h"
-#include "model/rotary.h"
+#include "model/layers/rms_norm.h"
+#include "model/layers/rotary.h"
 
 namespace mltrain {
 namespace {

@@ -1,7 +1,7 @@
 // The chunked loss against the plain one it replaces, at::cross_entropy_loss(at::linear(h, W), t):
 // same loss and gradients in fp32, close under bf16 autocast, nothing kept without grad, the same
 // bits twice, and the same training loss and gradients through a whole tied-embedding model.
-#include "model/linear_cross_entropy.h"
+#include "model/kernels/linear_cross_entropy.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/autocast_region.h"
-#include "model/cuda_kernels.h"
-#include "model/kernels.h"
-#include "model/llama.h"
+#include "model/kernels/autocast_region.h"
+#include "model/kernels/cuda_kernels.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 

@@ -1,4 +1,4 @@
-#include "model/linear.h"
+#include "model/layers/linear.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
-#include "model/autocast_region.h"
-#include "model/kernels.h"
+#include "model/kernels/autocast_region.h"
+#include "model/kernels/kernels.h"
 
 namespace mltrain {
 namespace {

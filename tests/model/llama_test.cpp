@@ -1,4 +1,4 @@
-#include "model/llama.h"
+#include "model/layers/llama.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,9 @@
 #include <cmath>
 #include <set>
 
+#include "model/kernels/autocast_region.h"
 #include "tests/model/tiny_config.h"
+#include "tests/support/test_support.h"
 
 namespace mltrain {
 namespace {
@@ -78,6 +80,30 @@ TEST(Llama, ForwardGivesLogitsPerPosition) {
   Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const at::Tensor logits = model(at::zeros({3, 10}, at::kLong));
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10, 97}));
+}
+
+// A table gathered in bf16 (ZeRO-3 under bf16 autocast) trains as the same values kept in fp32:
+// the embedding's gradient of a token read 256 times is their sum, not bf16's running sum of them
+// (the CPU's embedding backward adds up in the table's dtype), and the rows enter the residual
+// stream in fp32.
+TEST(Llama, AnEmbeddingTableInBf16UnderAutocastGetsTheGradientOfFp32) {
+  const at::Tensor tokens = at::zeros({8, 65}, at::kLong);
+  tokens.narrow(0, 4, 4).fill_(3);
+  std::vector<at::Tensor> gradients;
+  for (const bool bf16_table : {false, true}) {
+    at::manual_seed(3);
+    Llama model(testing::tiny_config(), Kernels::fused_cpu);
+    at::Tensor& table = model->token_embeddings->weight;
+    {
+      const at::NoGradGuard no_grad;
+      table.set_data(table.to(at::kBFloat16));  // the bf16 values, in both runs
+      if (!bf16_table) table.set_data(table.to(at::kFloat));
+    }
+    const AutocastGuard autocast(c10::Device(c10::kCPU), /*enabled=*/true);
+    model->loss(tokens.narrow(1, 0, 64), tokens.narrow(1, 1, 64)).backward();
+    gradients.push_back(table.grad().to(at::kFloat));
+  }
+  EXPECT_LE(testing::relative_error(gradients[1], gradients[0]), 1e-2);
 }
 
 TEST(NextTokenLoss, UniformLogitsCostLogV) {

@@ -10,10 +10,10 @@
 #include <optional>
 #include <utility>
 
-#include "model/hf_state_dict.h"
-#include "model/kernels.h"
-#include "model/llama.h"
-#include "model/packed_documents.h"
+#include "model/interop/hf_state_dict.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/llama.h"
+#include "model/layers/packed_documents.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {

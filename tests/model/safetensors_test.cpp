@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/hf_state_dict.h"
+#include "model/interop/hf_state_dict.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 

@@ -1,4 +1,4 @@
-#include "model/sampling.h"
+#include "model/generation/sampling.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "model/model_config.h"
+#include "model/layers/model_config.h"
 
 namespace mltrain::testing {
 

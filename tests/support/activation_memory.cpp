@@ -3,9 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "model/autocast_region.h"
-#include "model/llama.h"
-#include "model/packed_documents.h"
+#include "model/kernels/autocast_region.h"
+#include "model/layers/llama.h"
+#include "model/layers/packed_documents.h"
 #include "trainer/machine/cpu_allocation_counter.h"
 
 namespace mltrain::testing {

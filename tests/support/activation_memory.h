@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "model/kernels.h"
-#include "model/model_config.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/model_config.h"
 
 namespace mltrain::testing {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/rms_norm.h"
+#include "model/layers/rms_norm.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain::testing {

@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "common/error.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
 #include "trainer/run/training_run.h"

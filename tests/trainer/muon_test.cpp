@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/muon.h"
 

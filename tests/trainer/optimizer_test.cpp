@@ -10,8 +10,8 @@
 
 #include "common/error.h"
 #include "dist/communicator.h"
-#include "model/hf_state_dict.h"
-#include "model/llama.h"
+#include "model/interop/hf_state_dict.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 #include "trainer/optim/adamw.h"

@@ -1,5 +1,5 @@
 #include "trainer/machine/precision.h"
-#include "model/autocast_region.h"
+#include "model/kernels/autocast_region.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/layers/llama.h"
 #include "tests/model/tiny_config.h"
 
 namespace mltrain {

@@ -16,8 +16,8 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/input_file.h"
-#include "model/hf_state_dict.h"
-#include "model/safetensors.h"
+#include "model/interop/hf_state_dict.h"
+#include "model/interop/safetensors.h"
 
 namespace mltrain {
 namespace {

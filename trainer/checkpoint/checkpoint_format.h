@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/llama.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
+#include "model/layers/llama.h"
 #include "trainer/checkpoint/checkpoint_state.h"
 #include "trainer/checkpoint/save_moment.h"
 #include "trainer/config/config.h"

@@ -153,7 +153,7 @@ KeySpec key(T Config::*field, std::string path, std::string description, Limits 
   return make_key<T>(access, std::move(path), std::move(description), std::move(limits));
 }
 
-// A KeySpec of a key list's entry (config.h, model/model_config.h), in section `section`.
+// A KeySpec of a key list's entry (config.h, model/layers/model_config.h), in section `section`.
 #define MLTRAIN_KEY_SPEC(section, type, name, default_value, doc, check) \
   key(&Config::section, &decltype(Config::section)::name, #section "." #name, doc, check),
 

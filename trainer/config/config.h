@@ -6,14 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "model/model_config.h"
+#include "model/layers/model_config.h"
 
 namespace mltrain {
 
 // The keys of each section, each declared once: KEY(section, type, name, default, doc line,
 // check). The section's struct below is made from its list, and config.cpp reads, checks, writes
 // and documents the keys from the same lists; the checks (at_least, between, one_of, or {} for
-// none) are config.cpp's. The model's keys are model/model_config.h's.
+// none) are config.cpp's. The model's keys are model/layers/model_config.h's.
 #define MLTRAIN_DATA_KEYS(KEY, S)                                                              \
   KEY(S, std::string, train, "data/shards/train_*.bin", "glob of training token shards", {})   \
   KEY(S, std::string, val, "data/shards/val_*.bin", "glob of validation token shards", {})     \

@@ -9,7 +9,7 @@ namespace mltrain {
 // (train.tf32; on by default: several times the fp32 rate for a 10-bit mantissa in the products'
 // inputs, which training tolerates; PyTorch's default is off, so a like-for-like fp32 comparison
 // sets it false). (The model's kernels are no such
-// setting: the model is built with them, model/kernels.h.)
+// setting: the model is built with them, model/kernels/kernels.h.)
 //
 // Denormals are flushed to zero on the CPU (FTZ and DAZ), always: a gradient or moment that
 // decays into the denormal range makes every multiply on it take a slow microcode path, and a

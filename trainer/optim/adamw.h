@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/named_parameter.h"
+#include "model/layers/named_parameter.h"
 
 namespace mltrain {
 
@@ -21,8 +21,8 @@ struct AdamWOptions {
 };
 
 // Tensors by name, in the order of the names: what a .safetensors file holds. An optimizer names
-// the state of a parameter by its parts (model/named_parameter.h), "<part name>.exp_avg", so that
-// a fused projection's state is saved and loaded as that of the projections it holds.
+// the state of a parameter by its parts (model/layers/named_parameter.h), "<part name>.exp_avg", so
+// that a fused projection's state is saved and loaded as that of the projections it holds.
 using OptimizerState = std::map<std::string, at::Tensor>;
 
 // AdamW (Loshchilov & Hutter) with bias correction and decoupled weight decay, through PyTorch's

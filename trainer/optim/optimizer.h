@@ -10,8 +10,8 @@
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
-#include "model/safetensors.h"
-#include "model/unit_hooks.h"
+#include "model/interop/safetensors.h"
+#include "model/layers/unit_hooks.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/optim/muon.h"
 
@@ -76,8 +76,8 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
 
   // ZeRO-3's (zero3_adamw.h), which holds each rank's part of the weights only, whole only while
-  // a unit of the model runs: the hooks the model calls around its units (model/unit_hooks.h), or
-  // none where the weights are always whole.
+  // a unit of the model runs: the hooks the model calls around its units
+  // (model/layers/unit_hooks.h), or none where the weights are always whole.
   virtual std::shared_ptr<UnitHooks> unit_hooks() { return nullptr; }
   // Every parameter whole on every rank (a collective), and kept so until shard_weights(), which
   // takes each rank's part from what they then hold (a load may have written into them): around

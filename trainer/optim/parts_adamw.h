@@ -9,8 +9,8 @@
 
 #include "dist/bucket_layout.h"
 #include "dist/communicator.h"
-#include "model/named_parameter.h"
-#include "model/safetensors.h"
+#include "model/interop/safetensors.h"
+#include "model/layers/named_parameter.h"
 #include "trainer/optim/adamw.h"
 
 namespace mltrain {

@@ -8,7 +8,7 @@
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
 #include "dist/unit_shards.h"
-#include "model/unit_hooks.h"
+#include "model/layers/unit_hooks.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/optim/parts_adamw.h"
 

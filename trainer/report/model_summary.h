@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "model/llama.h"
+#include "model/layers/llama.h"
 
 namespace mltrain {
 

@@ -5,7 +5,7 @@
 #include <torch/version.h>
 
 #include "common/error.h"
-#include "model/llama.h"
+#include "model/layers/llama.h"
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
 #include "trainer/machine/precision.h"

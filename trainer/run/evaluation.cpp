@@ -8,9 +8,9 @@
 #include <optional>
 
 #include "data/loader.h"
-#include "model/autocast_region.h"
-#include "model/hf_checkpoint.h"
-#include "model/hf_state_dict.h"
+#include "model/interop/hf_checkpoint.h"
+#include "model/interop/hf_state_dict.h"
+#include "model/kernels/autocast_region.h"
 #include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
@@ -27,8 +27,9 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
   at::NoGradGuard no_grad;
   // Under ZeRO-3 (unit hooks) each unit's weights are gathered as the model runs it and freed
   // after: a cache of their bf16 casts would hold the whole model again, and a rank that skipped a
-  // batch would leave the others waiting in its gathers. So there the casts are made unit by unit,
-  // and a rank past the last window runs the batch all the same, on the first window, uncounted.
+  // batch would leave the others waiting in its gathers. So there nothing is cached (under bf16 the
+  // units are gathered in bf16, and nothing is cast), and a rank past the last window runs the
+  // batch all the same, on the first window, uncounted.
   const bool sharded_weights = model->has_unit_hooks();
   std::optional<WeightCastCache> casts;  // under bf16 autocast, one cast for every batch
   if (!sharded_weights) casts.emplace();

@@ -12,7 +12,7 @@
 #include "data/sampler.h"
 #include "data/token_windows.h"
 #include "dist/communicator.h"
-#include "model/llama.h"
+#include "model/layers/llama.h"
 #include "trainer/config/config.h"
 #include "trainer/run/run_data.h"
 

@@ -14,9 +14,9 @@
 #include "common/file_tree.h"
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
-#include "model/hf_config.h"
-#include "model/hf_state_dict.h"
-#include "model/llama.h"
+#include "model/interop/hf_config.h"
+#include "model/interop/hf_state_dict.h"
+#include "model/layers/llama.h"
 #include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/run/run_data.h"
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "model/cpu_kernels.h"
-#include "model/document_attention.h"
-#include "model/kernels.h"
+#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/kernels.h"
+#include "model/layers/document_attention.h"
 
 namespace mltrain {
 namespace {
@@ -101,7 +101,8 @@ ComputePath compute_path(const Config& config, const PlanTarget& target) {
   const bool fused_layers =
       (ours && fused_kernels_support(at::kFloat)) || kernels == Kernels::fused_cuda;
   // The rotary rows are fp32 for the fused layers, else in the dtype attention computes in, as is
-  // the mask, which variable-length flash attention does without (model/document_attention.h).
+  // the mask, which variable-length flash attention does without
+  // (model/layers/document_attention.h).
   const int64_t compute_bytes = target.bf16 ? 2 : 4;
   const int64_t table_bytes = fused_layers ? 4 : compute_bytes;
   const bool variable_length = runs_variable_length_flash(
@@ -274,7 +275,8 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
                  8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
   // The set-up (each rank builds or loads the whole model before taking its parts) and a
   // rollback's load hold every unit whole beside the parts; evaluating gathers them unit by unit,
-  // as training does, and saving gathers nothing (each rank writes its parts).
+  // as training does, and saving gathers nothing (each rank writes its parts, where the ranks share
+  // the run directory).
   if (plan.weights_sharded) plan.whole_between_steps = 4 * values - gathered_bytes * whole_units;
   plan.gradients_sharded = shards_gradients(config, target.ranks);
   // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;

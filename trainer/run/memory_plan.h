@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "model/model_config.h"
+#include "model/layers/model_config.h"
 #include "trainer/config/config.h"
 
 namespace mltrain {
@@ -37,8 +37,8 @@ struct MemoryPlan {
   bool muon = false;  // optim.name muon: a momentum per block matrix, AdamW's moments of the rest
   bool activation_checkpointing = false;
   double runtime = 0;  // the libraries, the CUDA context and buffers: an estimate
-  // fp32 master weights (sharded: this rank's part and the units whole at once), and the rotary
-  // tables
+  // fp32 master weights (sharded: this rank's part, and the units whole at once, in bf16 under
+  // bf16), and the rotary tables
   double weights = 0;
   // fp32 buckets, this rank's averaged part when sharded, bf16 wire copies; with the gradients
   // sharded, the part and the buckets in use

@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "model/autocast_region.h"
+#include "model/kernels/autocast_region.h"
 #include "trainer/optim/clipping.h"
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/run/wall_clock.h"
@@ -101,8 +101,8 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   // averages them over the ranks, as far as it can while it runs. Under bf16 autocast the weights
   // are cast once for all the micro-batches, except with activation checkpointing, which keeps
   // the casts of one block at a time to save memory (the memory plan counts on that), and under
-  // ZeRO-3, whose units are whole only while they run: each forward casts the units it gathers,
-  // and no cast outlives its micro-batch.
+  // ZeRO-3, whose units are whole only while they run and are gathered in bf16 already
+  // (dist/unit_shards.h): nothing is cast.
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   {
     std::optional<WeightCastCache> casts;

@@ -8,8 +8,8 @@
 
 #include "data/loader.h"
 #include "dist/communicator.h"
-#include "model/llama.h"
-#include "model/packed_documents.h"
+#include "model/layers/llama.h"
+#include "model/layers/packed_documents.h"
 #include "trainer/config/config.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/run/spike_guard.h"

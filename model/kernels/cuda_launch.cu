@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "model/cuda_launch.h"
-#include "model/dtype_dispatch.h"
-#include "model/glue_math.h"
-#include "model/scalar_math.h"
+#include "model/kernels/cuda_launch.h"
+#include "model/kernels/dtype_dispatch.h"
+#include "model/kernels/glue_math.h"
+#include "model/kernels/scalar_math.h"
 
 // Plain CUDA: one block per row where a row is reduced (RMSNorm, cross-entropy), one thread per
 // element or pair elsewhere, fp32 arithmetic from glue_math.h in every thread. Sums across a row

@@ -1,0 +1,36 @@
+#include "model/layers/feed_forward.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "model/kernels/cpu_kernels.h"
+#include "model/kernels/cuda_kernels.h"
+#include "model/layers/linear.h"
+
+namespace mltrain {
+
+FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels)
+    : w_gate_up(
+          register_module("w_gate_up", torch::nn::Linear(bias_free_linear(d_model, 2 * d_ffn)))),
+      w_down(register_module("w_down", torch::nn::Linear(bias_free_linear(d_ffn, d_model)))),
+      kernels_(kernels) {}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  const at::Tensor gate_up = project(x, w_gate_up->weight, kernels_);
+  return project(swiglu(gate_up, kernels_), w_down->weight, kernels_);
+}
+
+at::Tensor swiglu(const at::Tensor& gate_up, Kernels kernels) {
+  if (runs_fused_cpu(kernels, gate_up)) return fused_swiglu(gate_up);
+  if (runs_fused_cuda(kernels, gate_up)) return cuda_swiglu(gate_up);
+  return swiglu_composition(gate_up);
+}
+
+at::Tensor swiglu_composition(const at::Tensor& gate_up) {
+  // Halves as views: backward joins their gradients in one copy (chunk's backward is a cat).
+  const std::vector<at::Tensor> halves = gate_up.chunk(2, -1);
+  return at::silu(halves[0]) * halves[1];
+}
+
+}  // namespace mltrain
