@@ -58,4 +58,5 @@ if ((violations > 0)); then
   printf 'layering: %d include(s) break the arrows of ARCHITECTURE.md\n' "$violations"
   exit 1
 fi
-echo "layering: model/, data/, dist/ include only common/ and themselves; trainer/ no launch/, tests/, bench/; the sub-folders of trainer/ and model/ point down"
+echo "layering: model/, data/, dist/ include only common/ and themselves;" \
+  "trainer/ no launch/, tests/, bench/; the sub-folders of trainer/ and model/ point down"

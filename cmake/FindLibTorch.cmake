@@ -48,9 +48,9 @@ if(_torch_cuda)
   # Naming the architectures spares torch's config probing for a GPU (there is none on build
   # machines), and CMake 3.25 knows no CUDA dialect past C++17. Torch's config turns the list into
   # the -gencode flags of every CUDA source (and CMAKE_CUDA_ARCHITECTURES off): mltrain's own
-  # kernels (model/kernels/cuda_launch.cu) are machine code for Ampere and Hopper, and PTX that newer GPUs
-  # compile when they load it. They link the CUDA runtime LibTorch loads (shared), so that they
-  # launch on the streams it makes.
+  # kernels (model/kernels/cuda_launch.cu) are machine code for Ampere and Hopper, and PTX that
+  # newer GPUs compile when they load it. They link the CUDA runtime LibTorch loads (shared), so
+  # that they launch on the streams it makes.
   set(CMAKE_CUDA_STANDARD 17)
   if(NOT TORCH_CUDA_ARCH_LIST)
     set(TORCH_CUDA_ARCH_LIST "8.0;9.0+PTX")
