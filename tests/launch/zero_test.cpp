@@ -84,6 +84,31 @@ std::map<int64_t, double> by_step(const std::filesystem::path& run_dir, const st
   return values;
 }
 
+// `seen`'s values of `key` at every step where `expected` has one (`steps` of them), each within
+// `tolerance` of expected's, relative.
+void expect_same_by_step(const std::filesystem::path& seen, const std::filesystem::path& expected,
+                         const std::string& key, size_t steps, double tolerance) {
+  const std::map<int64_t, double> want = by_step(expected, key);
+  const std::map<int64_t, double> got = by_step(seen, key);
+  ASSERT_EQ(want.size(), steps) << key;
+  ASSERT_EQ(got.size(), want.size()) << key;
+  for (const auto& [step, value] : want)
+    EXPECT_NEAR(got.at(step), value, tolerance * value) << key << " at step " << step;
+}
+
+// Rank 0's peak of the CPU allocator in training (train.cpu_memory allocator).
+int64_t peak_of(const std::filesystem::path& run_dir) {
+  int64_t peak = 0;
+  for (const auto& [step, bytes] : by_step(run_dir, "peak_memory_bytes"))
+    peak = std::max(peak, static_cast<int64_t>(bytes));
+  return peak;
+}
+
+// What `plan` gives the allocator: its total less the runtime (the libraries, not the allocator's).
+double allocator_bytes(const MemoryPlan& plan) {
+  return plan.weights + plan.gradients + plan.optimizer + plan.activations + plan.working;
+}
+
 // 2 and 3 ranks at `zero_stage` end as one rank without sharding ends (its run in dir/one); and 2
 // ranks recomputing each block in backward, whose gradients must reach the sharded reducer's
 // buckets as the stored activations' do. `tolerance`: relative, over the 30 steps.
@@ -233,12 +258,7 @@ TEST(ZeroStageThree, EvaluatesUnitByUnitAsOneRankDoes) {
   ASSERT_EQ(three.exit_code, 0) << three.output;
   const int64_t windows = (2000 - 1) / 16;  // tiny_run's validation stream, of seq_len 16
   ASSERT_EQ(windows % (3 * 2), 4) << "the last batch should leave rank 2 without a window";
-  const std::map<int64_t, double> expected = by_step(dir / "one", "val_loss");
-  const std::map<int64_t, double> seen = by_step(dir / "three", "val_loss");
-  ASSERT_EQ(expected.size(), 3u);
-  ASSERT_EQ(seen.size(), expected.size());
-  for (const auto& [step, loss] : expected)
-    EXPECT_NEAR(seen.at(step), loss, 2e-5 * loss) << "step " << step;
+  expect_same_by_step(dir / "three", dir / "one", "val_loss", 3, 2e-5);
 }
 
 // 4 ranks, each with 3 windows of a global batch of 24, in 2 micro-steps.
@@ -281,15 +301,9 @@ TEST(ZeroStageThree, UnderBf16TwoRanksTrainLikeOneRankWithout) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const auto two = train(2, config, (dir / "two").string(), 3, bf16);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const std::map<int64_t, double> expected = by_step(dir / "one", "loss");
-  const std::map<int64_t, double> seen = by_step(dir / "two", "loss");
-  ASSERT_EQ(seen.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(expected.size(), seen.size());
-  for (const auto& [step, loss] : expected)
-    EXPECT_NEAR(seen.at(step), loss, 1e-2 * loss) << "step " << step;
-  const NamedTensors weights = final_file(dir / "two", "model.safetensors");
-  expect_close(weights, final_file(dir / "one", "model.safetensors"), 5e-2,
-               "bf16, 2 ranks at stage 3");
+  expect_same_by_step(dir / "two", dir / "one", "loss", kSteps, 1e-2);
+  expect_close(final_file(dir / "two", "model.safetensors"),
+               final_file(dir / "one", "model.safetensors"), 5e-2, "bf16, 2 ranks at stage 3");
   for (const char* file : {"model.safetensors", "optimizer.safetensors"})
     for (const auto& [name, tensor] : final_file(dir / "two", file))
       EXPECT_EQ(tensor.scalar_type(), at::kFloat) << file << ": " << name;
@@ -333,12 +347,9 @@ TEST(ZeroStages, RankZerosPeakAllocationIsWhatThePlanGives) {
     config.data.micro_batch = 1;
     const MemoryPlan plan = plan_memory(
         config, {.ranks = 4, .cuda = false, .bf16 = false, .device_memory = std::nullopt});
-    const double planned =
-        plan.weights + plan.gradients + plan.optimizer + plan.activations + plan.working;
-    for (const auto& [step, peak] : by_step(run_dir, "peak_memory_bytes"))
-      peaks[stage] = std::max(peaks[stage], static_cast<int64_t>(peak));
-    EXPECT_NEAR(static_cast<double>(peaks[stage]) / planned, 1.0, 0.1)
-        << "stage " << stage << ": " << peaks[stage] << " bytes, planned " << planned;
+    peaks[stage] = peak_of(run_dir);
+    EXPECT_NEAR(static_cast<double>(peaks[stage]) / allocator_bytes(plan), 1.0, 0.1)
+        << "stage " << stage << ": " << peaks[stage] << " bytes";
   }
   // Sharding the state and then the weights holds less (stage 2's released buckets, of 25 MB,
   // hold more than a model this small has).
@@ -354,13 +365,9 @@ TEST(ZeroStages, RankZerosPeakAllocationIsWhatThePlanGives) {
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
   const MemoryPlan plan =
       plan_memory(config, {.ranks = 4, .cuda = false, .bf16 = true, .device_memory = std::nullopt});
-  const double planned =
-      plan.weights + plan.gradients + plan.optimizer + plan.activations + plan.working;
-  int64_t peak = 0;
-  for (const auto& [step, bytes] : by_step(bf16_dir, "peak_memory_bytes"))
-    peak = std::max(peak, static_cast<int64_t>(bytes));
-  EXPECT_NEAR(static_cast<double>(peak) / planned, 1.0, 0.1)
-      << "stage 3 under bf16: " << peak << " bytes, planned " << planned;
+  const int64_t peak = peak_of(bf16_dir);
+  EXPECT_NEAR(static_cast<double>(peak) / allocator_bytes(plan), 1.0, 0.1)
+      << "stage 3 under bf16: " << peak << " bytes";
 }
 
 // Hybrid sharding (dist.shard_ranks 2): 4 ranks as 2 groups of 2, each group sharding a replica
