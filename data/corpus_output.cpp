@@ -91,7 +91,8 @@ void refuse_half_replaced_corpus(const std::filesystem::path& directory) {
 }
 
 bool is_mlprep_file_name(const std::string& name) {
-  static const std::regex kName(R"(((train|val)_\d{6,}\.bin|tokenizer\.model)(\.tmp\.\d+)?)");
+  static const std::regex kName(
+      R"(((train|val)_\d{6,}\.(bin|mask)|tokenizer\.model|corpus\.json)(\.tmp\.\d+)?)");
   return std::regex_match(name, kName);
 }
 

@@ -47,7 +47,8 @@ class CorpusOutput {
   bool published_ = false;
 };
 
-// Whether a file name is one that mlprep writes: a shard, the tokenizer, or a temporary of either.
+// Whether a file name is one that mlprep writes: a shard, a loss mask, the tokenizer, the corpus
+// description, or a temporary of one.
 bool is_mlprep_file_name(const std::string& name);
 
 // A UserError, saying how to mend it, where `directory` holds a corpus that a killed mlprep

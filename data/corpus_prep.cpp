@@ -14,6 +14,8 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "data/bpe_encoder.h"
+#include "data/conversation.h"
+#include "data/corpus_description.h"
 #include "data/corpus_output.h"
 #include "data/document_hash.h"
 #include "data/ordered_pipeline.h"
@@ -28,6 +30,10 @@ namespace {
 // Documents travel to the encoders in batches of about this much text: enough to keep a thread
 // busy for a few milliseconds, small enough that the batches in flight hold little memory.
 constexpr int64_t kBatchTextBytes = int64_t{1} << 20;
+
+// The loss mask's flag of the end-of-document token after a conversation: the next document is
+// not the answer's to predict.
+constexpr uint8_t kNotTarget = 0;
 
 // What a run is asked that would fail only after hours: refused before anything is done.
 void check_options(const CorpusPrepOptions& options) {
@@ -79,8 +85,14 @@ std::filesystem::path make_tokenizer(const CorpusPrepOptions& options,
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const std::vector<std::string> sample = tokenizer_sample(
+  std::vector<std::string> sample = tokenizer_sample(
       options.inputs, options.reader, options.tokenizer_sample_mb * 1'000'000, options.seed);
+  const bool chat = options.reader.format == DocumentFormat::kChat;
+  // A conversation's document is its JSON; the tokenizer learns the text the template renders.
+  if (chat) {
+    for (std::string& document : sample)
+      document = chat_training_text(parse_conversation(document), options.chat_template);
+  }
   if (sample.empty()) {
     throw UserError(fmt::format(
         "no document for the tokenizer to train on: the inputs hold none, or none fits in "
@@ -94,7 +106,8 @@ std::filesystem::path make_tokenizer(const CorpusPrepOptions& options,
       "on {} threads...",
       sample.size(), sample_bytes / 1e6, seconds(), options.vocab_size, options.threads);
   start = std::chrono::steady_clock::now();
-  train_tokenizer(sample, options.vocab_size, options.threads, model);
+  train_tokenizer(sample, options.vocab_size, options.threads, model,
+                  chat ? chat_control_pieces(options.chat_template) : std::vector<std::string>{});
   spdlog::info("tokenizer trained in {:.1f} s", seconds());
   return model;
 }
@@ -103,7 +116,8 @@ std::filesystem::path make_tokenizer(const CorpusPrepOptions& options,
 struct Batch {
   std::vector<std::string> documents;
   std::vector<std::vector<uint32_t>> tokens;
-  int64_t bytes_read = 0;  // the reader's count once the batch was full
+  std::vector<std::vector<uint8_t>> targets;  // a chat corpus's loss masks
+  int64_t bytes_read = 0;                     // the reader's count once the batch was full
 };
 
 // One split's shards and counts.
@@ -121,6 +135,10 @@ void log_summary(const CorpusPrepReport& report, double seconds, double val_frac
       "train: {} tokens, {} documents, {} shard(s); val: {} tokens, {} documents, {} shard(s)",
       report.train_tokens, report.train_documents, report.train_shards, report.val_tokens,
       report.val_documents, report.val_shards);
+  if (report.target_tokens > 0) {
+    spdlog::info("loss masks: {} of the tokens ({:.1f}%) are targets (the assistants' answers)",
+                 report.target_tokens, 100.0 * report.target_tokens / tokens);
+  }
   spdlog::info(
       "unknown tokens: {} ({:.4f}% of all){}", report.unknown_tokens,
       100.0 * report.unknown_tokens / tokens,
@@ -150,13 +168,24 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   const uint32_t end_of_document = tokenizer.end_of_document();
   const int64_t unknown = tokenizer.unknown();
   const std::optional<BpeEncoder> fast_encoder = BpeEncoder::for_model(tokenizer);
+  const ChatRenderer::Encode encode_text = [&](std::string_view text) {
+    return fast_encoder ? fast_encoder->encode(text) : tokenizer.encode(text);
+  };
+  const bool chat = options.reader.format == DocumentFormat::kChat;
+  // Made before any encoding: a tokenizer given without the template's markers fails here.
+  const std::optional<ChatRenderer> renderer =
+      chat ? std::optional<ChatRenderer>(std::in_place, tokenizer, options.chat_template,
+                                         encode_text)
+           : std::nullopt;
   spdlog::info("encoding with {}",
                fast_encoder ? "mltrain's BPE encoder (SentencePiece's ids)"
                             : "SentencePiece (a model mltrain's encoder does not reproduce)");
 
   DocumentReader reader(options.inputs, options.reader);
-  SplitWriter train{ShardSeriesWriter(directory, "train", vocab_size, options.shard_tokens)};
-  SplitWriter val{ShardSeriesWriter(directory, "val", vocab_size, options.shard_tokens)};
+  SplitWriter train{ShardSeriesWriter(directory, "train", vocab_size, options.shard_tokens,
+                                      /*with_loss_masks=*/chat)};
+  SplitWriter val{ShardSeriesWriter(directory, "val", vocab_size, options.shard_tokens,
+                                    /*with_loss_masks=*/chat)};
   CorpusPrepReport report;
   ProgressLog progress("encoding", total_input_bytes(options.inputs));
 
@@ -175,17 +204,32 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
   };
   const std::function<void(Batch&)> encode = [&](Batch& batch) {
     batch.tokens.reserve(batch.documents.size());
-    for (const std::string& document : batch.documents)
-      batch.tokens.push_back(fast_encoder ? fast_encoder->encode(document)
-                                          : tokenizer.encode(document));
+    for (const std::string& document : batch.documents) {
+      if (!renderer) {
+        batch.tokens.push_back(encode_text(document));
+        continue;
+      }
+      MaskedTokens rendered = renderer->render(parse_conversation(document));
+      batch.tokens.push_back(std::move(rendered.tokens));
+      batch.targets.push_back(std::move(rendered.targets));
+    }
   };
   const std::function<void(Batch&)> write = [&](Batch& batch) {
     for (size_t i = 0; i < batch.documents.size(); ++i) {
       SplitWriter& split =
           is_validation_document(batch.documents[i], options.seed, options.val_fraction) ? val
                                                                                          : train;
-      split.shards.append(batch.tokens[i]);
-      split.shards.append({&end_of_document, 1});
+      const std::vector<uint32_t>& tokens = batch.tokens[i];
+      // llama2's conversations end with </s> already, the end-of-document token.
+      const bool ended = chat && !tokens.empty() && tokens.back() == end_of_document;
+      if (chat) {
+        split.shards.append(tokens, batch.targets[i]);
+        if (!ended) split.shards.append({&end_of_document, 1}, {&kNotTarget, 1});
+        report.target_tokens += std::count(batch.targets[i].begin(), batch.targets[i].end(), 1);
+      } else {
+        split.shards.append(tokens);
+        split.shards.append({&end_of_document, 1});
+      }
       ++split.documents;
       report.text_bytes += static_cast<int64_t>(batch.documents[i].size());
       if (unknown >= 0)
@@ -213,6 +257,10 @@ CorpusPrepReport prepare_corpus(const CorpusPrepOptions& options) {
         fmt::format("the inputs hold {} document(s): at least 2 are needed for a "
                     "training and a validation split",
                     report.train_documents + report.val_documents));
+  }
+  if (chat) {
+    write_corpus_description(directory,
+                             {.chat_template = options.chat_template, .loss_masks = true});
   }
   output.publish();
   log_summary(report, progress.seconds(), options.val_fraction);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "data/conversation.h"
 
 namespace mltrain {
 namespace {
@@ -52,7 +53,8 @@ DocumentFormat parse_document_format(const std::string& name) {
   if (name == "text") return DocumentFormat::kText;
   if (name == "jsonl") return DocumentFormat::kJsonl;
   if (name == "fortune") return DocumentFormat::kFortune;
-  throw UserError(fmt::format("--format {}: expected text, jsonl or fortune", name));
+  if (name == "chat") return DocumentFormat::kChat;
+  throw UserError(fmt::format("--format {}: expected text, jsonl, fortune or chat", name));
 }
 
 DocumentReader::DocumentReader(std::vector<std::filesystem::path> inputs,
@@ -72,7 +74,8 @@ std::optional<std::string> DocumentReader::next() {
     }
     switch (options_.format) {
       case DocumentFormat::kJsonl:
-        if (std::optional<std::string> record = document_of_jsonl_line(line)) return record;
+      case DocumentFormat::kChat:
+        if (std::optional<std::string> record = document_of_json_line(line)) return record;
         break;
       case DocumentFormat::kText:
         if (!is_blank(line)) {
@@ -106,21 +109,29 @@ bool DocumentReader::next_line(std::string& line) {
   return true;
 }
 
-std::optional<std::string> DocumentReader::document_of_jsonl_line(const std::string& line) {
+std::optional<std::string> DocumentReader::document_of_json_line(const std::string& line) {
   if (is_blank(line)) return std::nullopt;
   try {
+    if (options_.format == DocumentFormat::kChat)
+      return conversation_document(parse_conversation(line));
     std::string text = nlohmann::json::parse(line).at(options_.text_field).get<std::string>();
     if (text.empty()) return std::nullopt;
     return text;
+  } catch (const BadConversation& error) {
+    pass_over_bad_line(error.what());
   } catch (const nlohmann::json::exception& error) {
-    const std::string where = fmt::format("{}:{}: expected a JSON object with a \"{}\" string ({})",
-                                          inputs_[next_input_ - 1].string(), line_number_,
-                                          options_.text_field, error.what());
-    if (!options_.skip_bad_lines) throw UserError(where + "; --skip-bad-lines passes over them");
-    if (bad_lines_++ == 0)
-      spdlog::warn("{}; passing over it and any others (--skip-bad-lines)", where);
-    return std::nullopt;
+    pass_over_bad_line(fmt::format("expected a JSON object with a \"{}\" string ({})",
+                                   options_.text_field, error.what()));
   }
+  return std::nullopt;
+}
+
+void DocumentReader::pass_over_bad_line(const std::string& what) {
+  const std::string where =
+      fmt::format("{}:{}: {}", inputs_[next_input_ - 1].string(), line_number_, what);
+  if (!options_.skip_bad_lines) throw UserError(where + "; --skip-bad-lines passes over them");
+  if (bad_lines_++ == 0)
+    spdlog::warn("{}; passing over it and any others (--skip-bad-lines)", where);
 }
 
 std::vector<std::string> read_documents(const std::vector<std::filesystem::path>& inputs,

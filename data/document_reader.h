@@ -17,22 +17,25 @@ enum class DocumentFormat {
   kJsonl,    // one JSON object per line, the document in one string field ("text" by default)
   kFortune,  // fortune files: a line holding only "%" separates documents; terminal colour
              // escapes are removed
+  kChat,     // one conversation per JSON line (conversation.h), each a document as
+             // conversation_document gives it
 };
 
-// "text", "jsonl" or "fortune"; anything else is a UserError.
+// "text", "jsonl", "fortune" or "chat"; anything else is a UserError.
 DocumentFormat parse_document_format(const std::string& name);
 
 struct DocumentReaderOptions {
   DocumentFormat format = DocumentFormat::kText;
   std::string text_field = "text";  // jsonl
-  // A bad jsonl line is counted and passed over instead of ending the run with its file and line.
+  // A bad jsonl or chat line is counted and passed over instead of ending the run with its file
+  // and line.
   bool skip_bad_lines = false;
 };
 
 // The documents of the input files, one at a time and in order, holding one file's current
 // document in memory at most. A file may be gzip or zstd compressed (LineReader). Documents never
-// span files; empty ones are dropped. An unreadable file, damaged compressed data or a bad jsonl
-// line (named by file and line) is a UserError.
+// span files; empty ones are dropped. An unreadable file, damaged compressed data or a bad jsonl or
+// chat line (named by file and line) is a UserError.
 class DocumentReader {
  public:
   DocumentReader(std::vector<std::filesystem::path> inputs, DocumentReaderOptions options);
@@ -48,7 +51,9 @@ class DocumentReader {
  private:
   bool next_line(std::string& line);
   bool open_next_file();
-  std::optional<std::string> document_of_jsonl_line(const std::string& line);
+  std::optional<std::string> document_of_json_line(const std::string& line);
+  // A UserError naming the file and line, or, with skip_bad_lines, a count (and a warning, once).
+  void pass_over_bad_line(const std::string& what);
 
   std::vector<std::filesystem::path> inputs_;
   DocumentReaderOptions options_;

@@ -1,10 +1,5 @@
 #include "data/shard.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,8 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/input_file.h"
-#include "data/mapping_read_guard.h"
+#include "data/loss_mask.h"
 
 namespace mltrain {
 namespace {
@@ -48,7 +42,10 @@ constexpr size_t kWriteBlockTokens = size_t{1} << 18;
 }  // namespace
 
 ShardFileWriter::ShardFileWriter(const std::filesystem::path& path, int64_t vocab_size)
-    : file_(path), token_bytes_(token_bytes_for_vocab(vocab_size)) {
+    : file_(path),
+      hash_(XXH3_createState(), &XXH3_freeState),
+      token_bytes_(token_bytes_for_vocab(vocab_size)) {
+  if (!hash_ || XXH3_64bits_reset(hash_.get()) != XXH_OK) throw std::bad_alloc();
   const std::array<int32_t, kShardHeaderInts> placeholder{};
   file_.write(placeholder.data(), sizeof(placeholder));
   buffer_.reserve(kWriteBlockTokens * token_bytes_);
@@ -79,8 +76,14 @@ void ShardFileWriter::append(std::span<const uint32_t> tokens) {
 }
 
 void ShardFileWriter::flush() {
+  XXH3_64bits_update(hash_.get(), buffer_.data(), buffer_.size());
   file_.write(buffer_.data(), buffer_.size());
   buffer_.clear();
+}
+
+uint64_t ShardFileWriter::token_hash() {
+  flush();  // the buffered tokens count too
+  return XXH3_64bits_digest(hash_.get());
 }
 
 void ShardFileWriter::commit() {
@@ -102,185 +105,152 @@ void write_shard(const std::filesystem::path& path, std::span<const uint32_t> to
 }
 
 ShardSeriesWriter::ShardSeriesWriter(std::filesystem::path directory, std::string prefix,
-                                     int64_t vocab_size, int64_t shard_tokens)
+                                     int64_t vocab_size, int64_t shard_tokens, bool with_loss_masks)
     : directory_(std::move(directory)),
       prefix_(std::move(prefix)),
       vocab_size_(vocab_size),
-      shard_tokens_(shard_tokens) {
+      shard_tokens_(shard_tokens),
+      with_loss_masks_(with_loss_masks) {
   if (shard_tokens < 1 || shard_tokens > kMaxShardTokens) {
     throw UserError(fmt::format("--shard-tokens {}: a shard holds 1 to {} tokens", shard_tokens,
                                 kMaxShardTokens));
   }
 }
 
-void ShardSeriesWriter::append(std::span<const uint32_t> tokens) {
+ShardSeriesWriter::~ShardSeriesWriter() = default;
+
+void ShardSeriesWriter::append(std::span<const uint32_t> tokens, std::span<const uint8_t> targets) {
+  if (targets.size() != (with_loss_masks_ ? tokens.size() : 0)) {
+    throw std::logic_error(fmt::format("{} tokens came with {} target flags to shards {} masks",
+                                       tokens.size(), targets.size(),
+                                       with_loss_masks_ ? "with" : "without"));
+  }
   while (!tokens.empty()) {
     if (!current_) {
-      current_.emplace(directory_ / fmt::format("{}_{:06d}.bin", prefix_, shards_), vocab_size_);
+      const std::filesystem::path path =
+          directory_ / fmt::format("{}_{:06d}.bin", prefix_, shards_);
+      current_.emplace(path, vocab_size_);
+      if (with_loss_masks_)
+        current_mask_ = std::make_unique<LossMaskFileWriter>(loss_mask_path(path));
     }
     const auto room = static_cast<size_t>(shard_tokens_ - current_->num_tokens());
     const size_t taken = std::min(room, tokens.size());
     current_->append(tokens.first(taken));
+    if (current_mask_) {
+      current_mask_->append(targets.first(taken));
+      targets = targets.subspan(taken);
+    }
     num_tokens_ += static_cast<int64_t>(taken);
     tokens = tokens.subspan(taken);
-    if (current_->num_tokens() == shard_tokens_) {
-      current_->commit();
-      current_.reset();
-      ++shards_;
-    }
+    if (current_->num_tokens() == shard_tokens_) commit_current();
   }
+}
+
+void ShardSeriesWriter::commit_current() {
+  // The mask first: a shard never appears without the mask a reader will look for.
+  if (current_mask_) current_mask_->commit(current_->token_hash());
+  current_->commit();
+  current_.reset();
+  current_mask_.reset();
+  ++shards_;
 }
 
 int64_t ShardSeriesWriter::finish() {
-  if (current_) {
-    current_->commit();
-    current_.reset();
-    ++shards_;
-  }
+  if (current_) commit_current();
   return shards_;
 }
 
-namespace {
-
-int64_t nanoseconds(const struct timespec& time) {
-  return static_cast<int64_t>(time.tv_sec) * 1'000'000'000 + time.tv_nsec;
-}
-
-}  // namespace
-
 ShardReader::ShardReader(std::filesystem::path path, int64_t vocab_size)
-    : path_(std::move(path)), vocab_size_(vocab_size) {
+    : file_(std::move(path), "token shard"), vocab_size_(vocab_size) {
   const auto fail = [this](const std::string& what) {
-    return UserError(fmt::format("{}: {}", path_.string(), what));
+    return UserError(fmt::format("{}: {}", file_.path().string(), what));
   };
-  const InputFile file(path_, "token shard");
-  struct stat status {};
-  if (::fstat(file.fd(), &status) != 0)
-    throw fail(fmt::format("cannot read token shard: {}", std::strerror(errno)));
-  opened_ = {status.st_dev, status.st_ino, status.st_size, nanoseconds(status.st_mtim),
-             nanoseconds(status.st_ctim)};
-  const uint64_t file_bytes = file.size();
+  const uint64_t file_bytes = file_.size();
   if (file_bytes < static_cast<uint64_t>(kShardHeaderBytes)) {
     throw fail(fmt::format("{} bytes is shorter than the {}-byte shard header", file_bytes,
                            kShardHeaderBytes));
   }
-  // The mapping keeps the file open once `file` closes its descriptor.
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
-  if (mapping == MAP_FAILED) throw fail(fmt::format("cannot map: {}", std::strerror(errno)));
-  mapping_ = static_cast<const unsigned char*>(mapping);
-  mapping_bytes_ = file_bytes;
-
-  try {
-    int32_t header[3];
-    {
-      const MappingReadGuard guard(mapping_, sizeof(header));
-      std::memcpy(header, mapping_, sizeof(header));
-      if (guard.faulted()) fail_changed(change_since_opened());
-    }
-    if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) {
-      token_bytes_ = 2;
-    } else if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) {
-      token_bytes_ = 4;
-    } else if (header[0] != kShardMagicU16 && header[0] != kShardMagicU32) {
-      throw fail(fmt::format("offset 0: magic {} is not a token shard's ({} or {})", header[0],
-                             kShardMagicU16, kShardMagicU32));
-    } else {
-      throw fail(fmt::format("offset 4: unknown version {} for magic {}", header[1], header[0]));
-    }
-    uint32_t count = 0;
-    std::memcpy(&count, &header[2], sizeof(count));
-    num_tokens_ = count;
-    const uint64_t expected = kShardHeaderBytes + static_cast<uint64_t>(num_tokens_) * token_bytes_;
-    if (file_bytes != expected) {
-      throw fail(
-          fmt::format("offset 8: the header counts {} tokens ({} bytes in all) but the file "
-                      "has {} bytes ({})",
-                      num_tokens_, expected, file_bytes,
-                      file_bytes < expected ? "truncated" : "longer than its count"));
-    }
-    check_token_ids();
-  } catch (...) {
-    ::munmap(const_cast<unsigned char*>(mapping_), mapping_bytes_);
-    throw;
+  int32_t header[3];
+  file_.copy(0, sizeof(header), header);
+  if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) {
+    token_bytes_ = 2;
+  } else if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) {
+    token_bytes_ = 4;
+  } else if (header[0] != kShardMagicU16 && header[0] != kShardMagicU32) {
+    throw fail(fmt::format("offset 0: magic {} is not a token shard's ({} or {})", header[0],
+                           kShardMagicU16, kShardMagicU32));
+  } else {
+    throw fail(fmt::format("offset 4: unknown version {} for magic {}", header[1], header[0]));
   }
+  uint32_t count = 0;
+  std::memcpy(&count, &header[2], sizeof(count));
+  num_tokens_ = count;
+  const uint64_t expected = kShardHeaderBytes + static_cast<uint64_t>(num_tokens_) * token_bytes_;
+  if (file_bytes != expected) {
+    throw fail(
+        fmt::format("offset 8: the header counts {} tokens ({} bytes in all) but the file "
+                    "has {} bytes ({})",
+                    num_tokens_, expected, file_bytes,
+                    file_bytes < expected ? "truncated" : "longer than its count"));
+  }
+  check_token_ids();
   // Training reads windows at random places.
-  ::madvise(const_cast<unsigned char*>(mapping_), mapping_bytes_, MADV_RANDOM);
-}
-
-ShardReader::ShardReader(ShardReader&& other) noexcept
-    : path_(std::move(other.path_)),
-      vocab_size_(other.vocab_size_),
-      opened_(other.opened_),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(other.mapping_bytes_),
-      num_tokens_(other.num_tokens_),
-      token_bytes_(other.token_bytes_) {}
-
-ShardReader::~ShardReader() {
-  if (mapping_ != nullptr) ::munmap(const_cast<unsigned char*>(mapping_), mapping_bytes_);
+  file_.advise_random();
 }
 
 void ShardReader::check_token_ids() const {
-  const unsigned char* tokens = mapping_ + kShardHeaderBytes;
-  ::madvise(const_cast<unsigned char*>(mapping_), mapping_bytes_, MADV_SEQUENTIAL);
-  const MappingReadGuard guard(mapping_, mapping_bytes_);
-  const int64_t largest = token_bytes_ == 2
-                              ? max_token(reinterpret_cast<const uint16_t*>(tokens), num_tokens_)
-                              : max_token(reinterpret_cast<const uint32_t*>(tokens), num_tokens_);
-  if (guard.faulted()) fail_changed(change_since_opened());
+  file_.advise_sequential();
+  int64_t largest = 0;
+  file_.read_in_place(
+      kShardHeaderBytes, file_.size() - kShardHeaderBytes, [&](const unsigned char* tokens) {
+        if (token_bytes_ == 2) {
+          largest = max_token(reinterpret_cast<const uint16_t*>(tokens), num_tokens_);
+        } else {
+          largest = max_token(reinterpret_cast<const uint32_t*>(tokens), num_tokens_);
+        }
+      });
   if (largest < vocab_size_) return;
   // Rare: find the first offender for the message.
-  for (int64_t i = 0; i < num_tokens_; ++i) {
-    const int64_t token = token_bytes_ == 2 ? reinterpret_cast<const uint16_t*>(tokens)[i]
-                                            : reinterpret_cast<const uint32_t*>(tokens)[i];
-    if (token >= vocab_size_) {
-      throw UserError(
-          fmt::format("{}: offset {}: token {} (index {}) is not below the vocabulary "
-                      "size {} (model.vocab_size): was the shard made with another "
-                      "tokenizer?",
-                      path_.string(), kShardHeaderBytes + i * token_bytes_, token, i, vocab_size_));
-    }
-  }
-}
-
-std::string ShardReader::change_since_opened() const {
-  struct stat status {};
-  if (::stat(path_.c_str(), &status) != 0) return "it was removed";
-  if (status.st_dev != opened_.device || status.st_ino != opened_.inode)
-    return "another file was put in its place";
-  if (status.st_size != opened_.bytes) {
-    return fmt::format("it was {} bytes and is now {} ({})", opened_.bytes, status.st_size,
-                       status.st_size < opened_.bytes ? "truncated" : "it grew");
-  }
-  // The change time too: a write whose modification time was put back (touch -r) still sets it.
-  if (nanoseconds(status.st_mtim) != opened_.modified_ns ||
-      nanoseconds(status.st_ctim) != opened_.changed_ns)
-    return "it was written to";
-  return "";
-}
-
-void ShardReader::fail_changed(const std::string& what) const {
-  throw std::runtime_error(fmt::format(
-      "{}: the token shard changed while mltrain read it ({}): a shard must stay as it is while "
-      "a run reads it; restore it, then resume from the last checkpoint",
-      path_.string(),
-      what.empty() ? "its tokens are no longer the ones it was opened with" : what));
+  int64_t index = 0;
+  int64_t token = 0;
+  file_.read_in_place(
+      kShardHeaderBytes, file_.size() - kShardHeaderBytes, [&](const unsigned char* tokens) {
+        for (; index < num_tokens_; ++index) {
+          token = token_bytes_ == 2 ? reinterpret_cast<const uint16_t*>(tokens)[index]
+                                    : reinterpret_cast<const uint32_t*>(tokens)[index];
+          if (token >= vocab_size_) return;
+        }
+      });
+  throw UserError(fmt::format(
+      "{}: offset {}: token {} (index {}) is not below the vocabulary size {} (model.vocab_size): "
+      "was the shard made with another tokenizer?",
+      path().string(), kShardHeaderBytes + index * token_bytes_, token, index, vocab_size_));
 }
 
 void ShardReader::read(int64_t start, std::span<int64_t> out) const {
-  if (const std::string change = change_since_opened(); !change.empty()) fail_changed(change);
-  const unsigned char* bytes = mapping_ + kShardHeaderBytes + start * token_bytes_;
-  const MappingReadGuard guard(bytes, out.size() * static_cast<size_t>(token_bytes_));
-  if (token_bytes_ == 2) {
-    widen<uint16_t>(bytes, out);
-  } else {
-    widen<uint32_t>(bytes, out);
-  }
-  if (guard.faulted()) fail_changed(change_since_opened());
+  file_.read_in_place(kShardHeaderBytes + start * token_bytes_,
+                      out.size() * static_cast<size_t>(token_bytes_),
+                      [&](const unsigned char* bytes) {
+                        if (token_bytes_ == 2) {
+                          widen<uint16_t>(bytes, out);
+                        } else {
+                          widen<uint32_t>(bytes, out);
+                        }
+                      });
   // Opening checked every id; one that is out of range now was written since, where the file's
   // times did not tell (a network filesystem's cached attributes): an id past the embedding would
   // end a CUDA run with a device-side assert instead of this line.
-  if (!out.empty() && *std::max_element(out.begin(), out.end()) >= vocab_size_) fail_changed("");
+  if (!out.empty() && *std::max_element(out.begin(), out.end()) >= vocab_size_)
+    file_.fail_changed("");
+}
+
+uint64_t ShardReader::token_hash() const {
+  uint64_t hash = 0;
+  file_.read_in_place(kShardHeaderBytes, file_.size() - kShardHeaderBytes,
+                      [&](const unsigned char* tokens) {
+                        hash = XXH3_64bits(tokens, file_.size() - kShardHeaderBytes);
+                      });
+  return hash;
 }
 
 }  // namespace mltrain

@@ -157,6 +157,17 @@ uint32_t Tokenizer::end_of_document() const { return static_cast<uint32_t>(proce
 
 int64_t Tokenizer::unknown() const { return processor_->unk_id(); }
 
+std::string Tokenizer::piece(uint32_t id) const {
+  return processor_->IdToPiece(static_cast<int>(id));
+}
+
+std::optional<uint32_t> Tokenizer::piece_id(std::string_view piece) const {
+  // PieceToId answers the unknown piece's id for any text that is no piece.
+  const int id = processor_->PieceToId(piece);
+  if (id < 0 || processor_->IdToPiece(id) != piece) return std::nullopt;
+  return static_cast<uint32_t>(id);
+}
+
 std::string Tokenizer::serialized() const { return processor_->serialized_model_proto(); }
 
 std::vector<Tokenizer::Piece> Tokenizer::pieces() const {
@@ -204,9 +215,10 @@ std::string training_failure(const std::string& reason, int64_t vocab_size, doub
 }  // namespace
 
 void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
-                     const std::filesystem::path& model) {
+                     const std::filesystem::path& model,
+                     const std::vector<std::string>& control_pieces) {
   const double coverage = character_coverage(documents, vocab_size);
-  const std::unordered_map<std::string, std::string> options = {
+  std::unordered_map<std::string, std::string> options = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},
       {"byte_fallback", "true"},
@@ -227,6 +239,11 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
       {"pad_id", "-1"},
       {"minloglevel", "2"},
   };
+  if (!control_pieces.empty()) {
+    std::string symbols;
+    for (const std::string& piece : control_pieces) symbols += (symbols.empty() ? "" : ",") + piece;
+    options["control_symbols"] = symbols;
+  }
   LineIterator lines(documents);
   std::string serialized;
   const auto status = sentencepiece::SentencePieceTrainer::Train(options, &lines, &serialized);

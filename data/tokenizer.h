@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,10 @@ class Tokenizer {
   // The token of text the vocabulary cannot spell; -1 if it has none. Models that mlprep trains
   // fall back to bytes and never produce it.
   int64_t unknown() const;
+  // The piece of an id (spaces as U+2581), and the id of a piece the vocabulary holds as one of
+  // its own; none for any other text.
+  std::string piece(uint32_t id) const;
+  std::optional<uint32_t> piece_id(std::string_view piece) const;
 
   // The vocabulary in id order, as another tokenizer library needs it spelled out.
   enum class PieceKind { normal, control, unknown, byte, unused };
@@ -55,7 +60,10 @@ inline constexpr int64_t kMostVocabularySize = 0x7FFF'FFFF;
 // `model`. Byte fallback makes every input encodable; no normalisation and no dummy prefix make
 // decode(encode(text)) == text; the character coverage suits Chinese as well as English. A
 // vocabulary too small or too large for the documents is a UserError in mlprep's terms.
+// `control_pieces` (a chat template's markers) get ids of their own after the 3 special ones;
+// like those, no text encodes to them.
 void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, int threads,
-                     const std::filesystem::path& model);
+                     const std::filesystem::path& model,
+                     const std::vector<std::string>& control_pieces = {});
 
 }  // namespace mltrain

@@ -19,7 +19,8 @@ namespace {
 const char* const kDescription =
     R"(Prepares a corpus for mltrain: trains a SentencePiece BPE tokenizer on a sample (unless one is
 given), streams the documents through parallel encoders and writes DIR/train_000000.bin...,
-DIR/val_000000.bin... (llm.c token shards) and DIR/tokenizer.model. Memory stays bounded whatever
+DIR/val_000000.bin... (llm.c token shards) and DIR/tokenizer.model; a chat corpus also a loss
+mask beside each shard (train_000000.mask...) and DIR/corpus.json. Memory stays bounded whatever
 the corpus's size; the shards are the same for any --threads; each appears whole or not at all.
 )";
 
@@ -36,10 +37,12 @@ CLI::Validator fraction() {
       "a number in [0, 1)");
 }
 
-// mlprep's arguments, bound to `options`, `inputs` and `format`: parsing and --help both come
+// mlprep's arguments, bound to `options`, `inputs`, `format` and `chat_template`: parsing and
+// --help both come
 // from here.
 void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
-                      std::vector<std::string>& inputs, std::string& format) {
+                      std::vector<std::string>& inputs, std::string& format,
+                      std::string& chat_template) {
   app.name("mlprep");
   app.description(kDescription);
   // Unknown arguments are kept, not thrown, so that the error about them is one line of ours.
@@ -52,14 +55,24 @@ void define_arguments(CLI::App& app, mltrain::CorpusPrepOptions& options,
       ->type_name("PATH");
   app.add_option("--out", options.out_dir, "output directory")->required()->type_name("DIR");
   app.add_option("--format", format,
-                 "text (blank lines separate documents), jsonl (one object per line)\n"
-                 "or fortune (\"%\" lines separate documents); default text")
+                 "text (blank lines separate documents), jsonl (one object per line),\n"
+                 "fortune (\"%\" lines separate documents) or chat (one conversation per\n"
+                 "line: {\"messages\": [{\"role\", \"content\"}...]} or ShareGPT's\n"
+                 "{\"conversations\": [{\"from\", \"value\"}...]}, with a loss mask that makes\n"
+                 "the assistants' answers the only targets); default text")
       ->type_name("F");
   app.add_option("--text-field", options.reader.text_field,
                  "the jsonl field that holds a document; default text")
       ->type_name("NAME");
+  app.add_option("--chat-template", chat_template,
+                 "how --format chat renders a conversation: chatml (<|im_start|>ROLE ...\n"
+                 "<|im_end|>, markers a trained tokenizer gets as pieces) or llama2\n"
+                 "([INST] ... [/INST] ...</s>, for a Llama 2 or TinyLlama --tokenizer);\n"
+                 "default chatml")
+      ->type_name("T");
   app.add_flag("--skip-bad-lines", options.reader.skip_bad_lines,
-               "count and pass over jsonl lines without the text field, instead of stopping");
+               "count and pass over bad jsonl or chat lines (a missing text field, a\n"
+               "conversation without an answer...) instead of stopping");
   // 256 byte pieces, 3 special ones and one more; the top is SentencePiece's, said now rather than
   // by SentencePiece after the sample is read.
   app.add_option("--vocab-size", options.vocab_size, "tokenizer vocabulary; default 4096")
@@ -99,8 +112,9 @@ std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* 
       std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMostThreads);
   std::vector<std::string> inputs;
   std::string format = "text";
+  std::string chat_template = "chatml";
   CLI::App app;
-  define_arguments(app, options, inputs, format);
+  define_arguments(app, options, inputs, format, chat_template);
   std::string missing;
   try {
     app.parse(argc, argv);
@@ -121,6 +135,7 @@ std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* 
   }
   if (!missing.empty()) throw mltrain::UserError(fmt::format("{} (see mlprep --help)", missing));
   options.reader.format = mltrain::parse_document_format(format);
+  options.chat_template = mltrain::parse_chat_template(chat_template);
   options.inputs = mltrain::list_input_files(inputs);
   return options;
 }

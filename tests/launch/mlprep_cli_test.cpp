@@ -57,7 +57,7 @@ TEST(MlprepCli, BadInputExitsTwoWithOneLine) {
   EXPECT_CONTAINS(tokenizer.output, "no.model: tokenizer model not found");
   const CommandResult format = mlprep("--input x --format csv" + out);
   EXPECT_EQ(format.exit_code, kExitUserError);
-  EXPECT_CONTAINS(format.output, "--format csv: expected text, jsonl or fortune");
+  EXPECT_CONTAINS(format.output, "--format csv: expected text, jsonl, fortune or chat");
   const CommandResult vocab = mlprep("--input x --vocab-size lots" + out);
   EXPECT_EQ(vocab.exit_code, kExitUserError);
   EXPECT_CONTAINS(
@@ -154,6 +154,96 @@ TEST(MlprepCli, SkippedBadLinesAreCountedInTheSummary) {
   EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
   EXPECT_CONTAINS(skipped.output, "bad lines passed over: 2");
   EXPECT_CONTAINS(skipped.output, "encoded 300 documents");
+}
+
+// 300 conversations about fortunes, in the "messages" shape or ShareGPT's.
+std::string chat_lines(bool sharegpt) {
+  const std::vector<std::string> fortunes =
+      read_documents({"/usr/share/games/fortunes/computers"}, DocumentFormat::kFortune);
+  std::string lines;
+  for (size_t i = 0; i < 300; ++i) {
+    const std::string question = fmt::format("Tell me fortune {}.", i);
+    nlohmann::json line;
+    if (sharegpt) {
+      line["conversations"] = {{{"from", "human"}, {"value", question}},
+                               {{"from", "gpt"}, {"value", fortunes[i]}}};
+    } else {
+      line["messages"] = {{{"role", "user"}, {"content", question}},
+                          {{"role", "assistant"}, {"content", fortunes[i]}}};
+    }
+    lines += line.dump() + "\n";
+  }
+  return lines;
+}
+
+// Both shapes of the same conversations make the same corpus: the shards, their loss masks, the
+// tokenizer and the description that says it is a chat corpus.
+TEST(MlprepCli, PreparesAChatCorpusWithLossMasksTheSameFromEitherShape) {
+  testing::TemporaryDirectory dir;
+  std::map<std::string, std::string> corpora[2];
+  for (const bool sharegpt : {false, true}) {
+    const std::filesystem::path input = dir / fmt::format("chat{}.jsonl", int(sharegpt));
+    testing::write_text(input, chat_lines(sharegpt));
+    const std::filesystem::path out = dir / fmt::format("out{}", int(sharegpt));
+    const CommandResult run = mlprep(fmt::format(
+        "--input {} --format chat --vocab-size 600 --out {}", input.string(), out.string()));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_CONTAINS(run.output, "loss masks: ");
+    corpora[sharegpt] = testing::file_contents(out);
+  }
+  EXPECT_EQ(corpora[0], corpora[1]);
+  for (const char* file : {"train_000000.bin", "train_000000.mask", "val_000000.bin",
+                           "val_000000.mask", "tokenizer.model", "corpus.json"})
+    EXPECT_TRUE(corpora[0].contains(file)) << file;
+  const nlohmann::json description = nlohmann::json::parse(corpora[0]["corpus.json"]);
+  EXPECT_EQ(description["chat_template"], "chatml");
+  EXPECT_EQ(description["loss_masks"], true);
+}
+
+// A tokenizer given without the template's markers is one line naming the marker, before
+// anything is written; a bad conversation names its file and line, or is counted when skipped.
+TEST(MlprepCli, AChatCorpusWithoutItsMarkersOrWithABadConversationExitsTwo) {
+  testing::TemporaryDirectory dir;
+  testing::write_text(dir / "chat.jsonl", chat_lines(false));
+  const CommandResult plain = mlprep(
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 "
+      "--out " +
+      (dir / "plain").string());
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const std::map<std::string, std::string> before = testing::file_contents(dir / "plain");
+  const CommandResult no_marker = mlprep(fmt::format(
+      "--input {} --format chat --tokenizer {} --out {} --overwrite", (dir / "chat.jsonl").string(),
+      (dir / "plain" / "tokenizer.model").string(), (dir / "plain").string()));
+  EXPECT_EQ(no_marker.exit_code, kExitUserError);
+  EXPECT_EQ(lines(no_marker.output), 1u) << no_marker.output;
+  EXPECT_CONTAINS(no_marker.output,
+                  "the tokenizer has no piece <|im_start|> of its own, which the chatml chat "
+                  "template needs");
+  EXPECT_EQ(testing::file_contents(dir / "plain"), before);
+  // llama2's markers are <s> and </s>, which the same tokenizer has.
+  const CommandResult llama2 =
+      mlprep(fmt::format("--input {} --format chat --chat-template llama2 --tokenizer {} --out {}",
+                         (dir / "chat.jsonl").string(),
+                         (dir / "plain" / "tokenizer.model").string(), (dir / "llama2").string()));
+  EXPECT_EQ(llama2.exit_code, 0) << llama2.output;
+  EXPECT_CONTAINS(testing::read_text(dir / "llama2" / "corpus.json"), "\"llama2\"");
+
+  testing::write_text(
+      dir / "bad.jsonl",
+      chat_lines(false) + R"({"messages": [{"role": "user", "content": "no answer"}]})" + "\n");
+  const std::string arguments = fmt::format("--input {} --format chat --vocab-size 600 --out {}",
+                                            (dir / "bad.jsonl").string(), (dir / "bad").string());
+  const CommandResult stopped = mlprep(arguments);
+  EXPECT_EQ(stopped.exit_code, kExitUserError);
+  EXPECT_EQ(lines(stopped.output), 1u) << stopped.output;
+  EXPECT_CONTAINS(stopped.output, "bad.jsonl:301: no assistant turn");
+  EXPECT_FALSE(std::filesystem::exists(dir / "bad"));
+  const CommandResult skipped = mlprep(arguments + " --skip-bad-lines");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_CONTAINS(skipped.output, "bad lines passed over: 1");
+  const CommandResult template_name = mlprep(arguments + " --chat-template alpaca");
+  EXPECT_EQ(template_name.exit_code, kExitUserError);
+  EXPECT_CONTAINS(template_name.output, "--chat-template alpaca: expected chatml or llama2");
 }
 
 // The token ids are Python sentencepiece's for the same model and documents:
@@ -294,7 +384,8 @@ TEST(MlprepCli, HelpListsEveryFlagAndExitsZero) {
   for (const char* flag :
        {"-h,--help", "--input PATH", "--out DIR", "--format F", "--text-field NAME",
         "--skip-bad-lines", "--vocab-size N", "--tokenizer MODEL", "--tokenizer-sample-mb MB",
-        "--val-fraction F", "--shard-tokens N", "--overwrite", "--threads N", "--seed N"}) {
+        "--val-fraction F", "--shard-tokens N", "--overwrite", "--threads N", "--seed N",
+        "--chat-template T"}) {
     EXPECT_CONTAINS(run.output, flag);
   }
   EXPECT_CONTAINS(run.output, "trains a SentencePiece BPE tokenizer");
