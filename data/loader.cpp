@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -19,6 +20,17 @@ at::Tensor gather_windows(const TokenWindows& windows, const std::vector<int64_t
   return tokens;
 }
 
+at::Tensor gather_targets(const TokenWindows& windows, const std::vector<int64_t>& indices,
+                          bool pin_memory) {
+  const int64_t length = windows.window_length() - 1;
+  at::Tensor targets = at::empty({static_cast<int64_t>(indices.size()), length},
+                                 at::TensorOptions().dtype(at::kByte).pinned_memory(pin_memory));
+  uint8_t* data = targets.data_ptr<uint8_t>();
+  for (size_t row = 0; row < indices.size(); ++row)
+    windows.read_targets(indices[row], {data + row * length, static_cast<size_t>(length)});
+  return targets;
+}
+
 Loader::Loader(std::vector<const TokenWindows*> sources, BlendedSampler sampler, int64_t rank,
                int64_t start_sample, int64_t prefetch, bool pin_memory)
     : sources_(std::move(sources)),
@@ -32,6 +44,8 @@ Loader::Loader(std::vector<const TokenWindows*> sources, BlendedSampler sampler,
       rank_(rank),
       prefetch_(prefetch),
       pin_memory_(pin_memory),
+      loss_masks_(std::any_of(sources_.begin(), sources_.end(),
+                              [](const TokenWindows* source) { return source->has_loss_masks(); })),
       next_step_start_(start_sample),
       thread_([this] { produce(); }) {}
 
@@ -53,6 +67,8 @@ void Loader::produce() {
             lock, [this] { return stopping_ || static_cast<int64_t>(ready_.size()) < prefetch_; });
         if (stopping_) return;
       }
+      if (loss_masks_ && next_micro_step_ == 0)
+        step_targets_ = count_step_targets(next_step_start_);
       MicroBatch batch = gather(sampler_.windows(next_step_start_, next_micro_step_, rank_));
       if (++next_micro_step_ == sampler_.layout().grad_accum) {
         next_micro_step_ = 0;
@@ -73,9 +89,9 @@ void Loader::produce() {
 
 MicroBatch Loader::gather(const std::vector<BlendedSampler::Sample>& samples) const {
   const int64_t length = sources_.front()->window_length();
-  MicroBatch batch{at::empty({static_cast<int64_t>(samples.size()), length},
-                             at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory_)),
-                   {}};
+  MicroBatch batch;
+  batch.tokens = at::empty({static_cast<int64_t>(samples.size()), length},
+                           at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory_));
   int64_t* data = batch.tokens.data_ptr<int64_t>();
   for (size_t row = 0; row < samples.size(); ++row) {
     const BlendedSampler::Sample& sample = samples[row];
@@ -83,7 +99,33 @@ MicroBatch Loader::gather(const std::vector<BlendedSampler::Sample>& samples) co
                                   {data + row * length, static_cast<size_t>(length)});
     batch.windows.push_back(first_window_[sample.source] + sample.window);
   }
+  if (!loss_masks_) return batch;
+  batch.target_mask = at::empty({static_cast<int64_t>(samples.size()), length - 1},
+                                at::TensorOptions().dtype(at::kByte).pinned_memory(pin_memory_));
+  uint8_t* targets = batch.target_mask.data_ptr<uint8_t>();
+  for (size_t row = 0; row < samples.size(); ++row) {
+    sources_[samples[row].source]->read_targets(
+        samples[row].window, {targets + row * (length - 1), static_cast<size_t>(length - 1)});
+  }
+  batch.step_targets = step_targets_;
   return batch;
+}
+
+int64_t Loader::count_step_targets(int64_t step_start) {
+  // The whole global batch's masks: a byte a token, far less than the windows this rank reads.
+  const BatchLayout& layout = sampler_.layout();
+  const int64_t length = sources_.front()->window_length() - 1;
+  std::vector<uint8_t> targets(static_cast<size_t>(length));
+  int64_t count = 0;
+  for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
+    for (int64_t rank = 0; rank < layout.world_size; ++rank) {
+      for (const BlendedSampler::Sample& sample : sampler_.windows(step_start, micro, rank)) {
+        sources_[sample.source]->read_targets(sample.window, targets);
+        count += std::count(targets.begin(), targets.end(), uint8_t{1});
+      }
+    }
+  }
+  return count;
 }
 
 MicroBatch Loader::next() {

@@ -20,6 +20,12 @@ namespace mltrain {
 struct MicroBatch {
   at::Tensor tokens;
   std::vector<int64_t> windows;
+  // With loss masks (a source's TokenWindows::has_loss_masks): whether each target counts,
+  // [micro_batch, seq_len] uint8 (pinned with pin_memory), and the targets that count in the
+  // whole optimizer step, over every micro-step of every rank: the count the step's loss is the
+  // mean over, which every rank knows without a collective. Undefined and 0 without masks.
+  at::Tensor target_mask;
+  int64_t step_targets = 0;
 };
 
 // Gathers this rank's micro-batches of the blended sources on a background thread, in training
@@ -43,6 +49,8 @@ class Loader {
   void produce();
 
   MicroBatch gather(const std::vector<BlendedSampler::Sample>& samples) const;
+  // The targets that count in the optimizer step starting at sample step_start, on every rank.
+  int64_t count_step_targets(int64_t step_start);
 
   std::vector<const TokenWindows*> sources_;
   std::vector<int64_t> first_window_;  // each source's first window in the numbering of `windows`
@@ -50,7 +58,9 @@ class Loader {
   int64_t rank_;
   int64_t prefetch_;
   bool pin_memory_;
+  bool loss_masks_;
   int64_t next_step_start_;
+  int64_t step_targets_ = 0;  // of the step being gathered
   int64_t next_micro_step_ = 0;
 
   std::mutex mutex_;
@@ -64,6 +74,10 @@ class Loader {
 
 // Reads the given windows into a [count, seq_len + 1] int64 tensor.
 at::Tensor gather_windows(const TokenWindows& windows, const std::vector<int64_t>& indices,
+                          bool pin_memory = false);
+// Reads whether each of their targets counts into a [count, seq_len] uint8 tensor
+// (TokenWindows::read_targets).
+at::Tensor gather_targets(const TokenWindows& windows, const std::vector<int64_t>& indices,
                           bool pin_memory = false);
 
 }  // namespace mltrain

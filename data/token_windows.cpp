@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "common/error.h"
+#include "data/corpus_description.h"
 #include "data/corpus_output.h"
 
 namespace mltrain {
@@ -37,6 +39,7 @@ TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t 
     : seq_len_(seq_len) {
   window_starts_.push_back(0);
   const std::vector<std::string> paths = expand_glob(pattern);
+  std::map<std::filesystem::path, CorpusDescription> descriptions;
   auto last_report = std::chrono::steady_clock::now();
   for (const std::string& path : paths) {
     // Validation reads every token: on a large corpus that takes a while, so say how far it is.
@@ -54,17 +57,84 @@ TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t 
                       "{} tokens",
                       path, shard.num_tokens(), seq_len + 1));
     }
+    const std::filesystem::path directory = std::filesystem::path(path).parent_path();
+    if (!descriptions.contains(directory))
+      descriptions[directory] = read_corpus_description(directory);
+    std::unique_ptr<LossMaskReader> mask;
+    if (descriptions[directory].loss_masks) {
+      const std::filesystem::path mask_path = loss_mask_path(path);
+      std::error_code error;
+      if (!std::filesystem::exists(mask_path, error)) {
+        throw UserError(fmt::format(
+            "{}: missing: its corpus has loss masks ({} says so), and every shard's is beside "
+            "it; prepare the corpus again with mlprep",
+            mask_path.string(), (directory / kCorpusDescriptionFile).string()));
+      }
+      mask = std::make_unique<LossMaskReader>(mask_path, shard);
+    }
     num_tokens_ += shard.num_tokens();
     window_starts_.push_back(window_starts_.back() + windows);
     shards_.push_back(std::move(shard));
+    masks_.push_back(std::move(mask));
   }
 }
 
-void TokenWindows::read(int64_t index, std::span<int64_t> out) const {
+TokenWindows::TokenWindows(TokenWindows&&) noexcept = default;
+TokenWindows::~TokenWindows() = default;
+
+std::pair<size_t, int64_t> TokenWindows::locate(int64_t index) const {
   // The shard whose window range holds index: the last start not after it.
   const auto next = std::upper_bound(window_starts_.begin(), window_starts_.end() - 1, index);
   const size_t shard = static_cast<size_t>(next - window_starts_.begin()) - 1;
-  shards_[shard].read((index - window_starts_[shard]) * seq_len_, out.first(seq_len_ + 1));
+  return {shard, (index - window_starts_[shard]) * seq_len_};
+}
+
+void TokenWindows::read(int64_t index, std::span<int64_t> out) const {
+  const auto [shard, start] = locate(index);
+  shards_[shard].read(start, out.first(seq_len_ + 1));
+}
+
+bool TokenWindows::has_loss_masks() const {
+  return std::any_of(masks_.begin(), masks_.end(),
+                     [](const auto& mask) { return mask != nullptr; });
+}
+
+TokenWindows::LossMaskSummary TokenWindows::loss_mask_summary(int64_t end_of_document) const {
+  constexpr int64_t kBlockTokens = int64_t{1} << 20;
+  LossMaskSummary summary;
+  std::vector<int64_t> tokens;
+  std::vector<uint8_t> targets;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (!masks_[s]) continue;
+    const int64_t count = shards_[s].num_tokens();
+    int64_t document_length = 0;
+    for (int64_t start = 0; start < count; start += kBlockTokens) {
+      const auto block = static_cast<size_t>(std::min(kBlockTokens, count - start));
+      tokens.resize(block);
+      targets.resize(block);
+      shards_[s].read(start, tokens);
+      masks_[s]->read(start, targets);
+      summary.targets += std::count(targets.begin(), targets.end(), uint8_t{1});
+      for (const int64_t token : tokens) {
+        ++document_length;
+        if (token != end_of_document) continue;
+        ++summary.documents;
+        if (document_length > seq_len_ + 1) ++summary.documents_cut;
+        document_length = 0;
+      }
+    }
+    summary.tokens += count;
+  }
+  return summary;
+}
+
+void TokenWindows::read_targets(int64_t index, std::span<uint8_t> out) const {
+  const auto [shard, start] = locate(index);
+  if (masks_[shard]) {
+    masks_[shard]->read(start + 1, out.first(seq_len_));
+  } else {
+    std::fill_n(out.begin(), seq_len_, uint8_t{1});
+  }
 }
 
 }  // namespace mltrain

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace mltrain {
 namespace {
@@ -47,9 +48,14 @@ void accumulate_matmul(at::Tensor& sum, const at::Tensor& a, const at::Tensor& b
   }
 }
 
+// The loss of the rows' losses: their mean, or their sum weighted by row_weights.
+at::Tensor combined(const at::Tensor& row_losses, const at::Tensor& row_weights) {
+  return row_weights.defined() ? row_losses.mul(row_weights).sum() : row_losses.mean();
+}
+
 ChunkedPass run_chunks(const at::Tensor& hidden, const at::Tensor& weight,
-                       const at::Tensor& targets, int64_t chunk_rows, bool want_grad_hidden,
-                       bool want_grad_weight) {
+                       const at::Tensor& targets, const at::Tensor& row_weights, int64_t chunk_rows,
+                       bool want_grad_hidden, bool want_grad_weight) {
   const at::ScalarType dtype = compute_dtype(hidden);
   // The casts autocast would make are made here, once per call rather than once per chunk; below,
   // every op runs in the dtype it is written in (the softmax must stay fp32 in any case).
@@ -75,10 +81,16 @@ ChunkedPass run_chunks(const at::Tensor& hidden, const at::Tensor& weight,
     at::Tensor chunk_losses = pass.row_losses.narrow(0, start, count);
     at::sub_out(chunk_losses, lse.squeeze(1), z.gather(1, target).squeeze(1));
     if (!want_grad) continue;
-    // d(mean loss)/d(logits) = (softmax - onehot(target)) / N, built in place of the logits.
+    // d(mean loss)/d(logits) = (softmax - onehot(target)) / N, built in place of the logits; a
+    // weighted sum's has each row's weight in place of 1 / N.
     z.sub_(lse).exp_();
     z.scatter_(1, target, z.gather(1, target).sub_(1.0));
-    const at::Tensor dz = z.mul_(inverse_rows).to(dtype);
+    if (row_weights.defined()) {
+      z.mul_(row_weights.narrow(0, start, count).unsqueeze(1));
+    } else {
+      z.mul_(inverse_rows);
+    }
+    const at::Tensor dz = z.to(dtype);
     if (want_grad_hidden) matmul_into(pass.grad_hidden.narrow(0, start, count), dz, w);
     if (want_grad_weight) accumulate_matmul(pass.grad_weight, dz.t(), h_chunk);
   }
@@ -92,11 +104,12 @@ ChunkedPass run_chunks(const at::Tensor& hidden, const at::Tensor& weight,
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t chunk_rows) {
-    ChunkedPass pass = run_chunks(hidden, weight, targets, chunk_rows, hidden.requires_grad(),
-                                  weight.requires_grad());
+                            const std::optional<at::Tensor>& row_weights, int64_t chunk_rows) {
+    const at::Tensor weights = row_weights.value_or(at::Tensor());
+    ChunkedPass pass = run_chunks(hidden, weight, targets, weights, chunk_rows,
+                                  hidden.requires_grad(), weight.requires_grad());
     ctx->save_for_backward({pass.grad_hidden, pass.grad_weight});
-    return pass.row_losses.mean();
+    return combined(pass.row_losses, weights);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -110,7 +123,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     const auto scaled = [&](const at::Tensor& grad) {
       return grad.defined() ? grad * grad_loss : at::Tensor();
     };
-    return {scaled(saved[0]), scaled(saved[1]), at::Tensor(), at::Tensor()};
+    return {scaled(saved[0]), scaled(saved[1]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -121,13 +134,14 @@ int64_t linear_cross_entropy_chunk_rows(int64_t vocab_size) {
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& targets) {
+                                const at::Tensor& targets, const at::Tensor& row_weights) {
   return linear_cross_entropy(hidden, weight, targets,
-                              linear_cross_entropy_chunk_rows(weight.size(0)));
+                              linear_cross_entropy_chunk_rows(weight.size(0)), row_weights);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& targets, int64_t chunk_rows) {
+                                const at::Tensor& targets, int64_t chunk_rows,
+                                const at::Tensor& row_weights) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "linear_cross_entropy takes hidden [N, d] and weight [V, d], not ", hidden.sizes(),
               " and ", weight.sizes());
@@ -136,12 +150,22 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
       "linear_cross_entropy takes int64 targets [", hidden.size(0), "], not ",
       targets.scalar_type(), " ", targets.sizes());
   TORCH_CHECK(chunk_rows > 0, "linear_cross_entropy needs chunks of at least one row");
+  TORCH_CHECK(!row_weights.defined() ||
+                  (row_weights.dim() == 1 && row_weights.size(0) == hidden.size(0) &&
+                   row_weights.scalar_type() == at::kFloat && !row_weights.requires_grad()),
+              "linear_cross_entropy takes fp32 row weights [", hidden.size(0),
+              "] without a gradient");
   const bool want_grad =
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (!want_grad) {
-    return run_chunks(hidden, weight, targets, chunk_rows, false, false).row_losses.mean();
+    return combined(
+        run_chunks(hidden, weight, targets, row_weights, chunk_rows, false, false).row_losses,
+        row_weights);
   }
-  return LinearCrossEntropyFunction::apply(hidden, weight, targets, chunk_rows);
+  // An undefined tensor is no input autograd takes; an absent optional is.
+  const std::optional<at::Tensor> weights =
+      row_weights.defined() ? std::optional<at::Tensor>(row_weights) : std::nullopt;
+  return LinearCrossEntropyFunction::apply(hidden, weight, targets, weights, chunk_rows);
 }
 
 }  // namespace mltrain

@@ -203,19 +203,22 @@ UnitParameters LlamaImpl::unit_parameters() const {
 }
 
 at::Tensor LlamaImpl::loss(const at::Tensor& tokens, const at::Tensor& targets,
-                           const PackedDocuments* documents) {
+                           const PackedDocuments* documents, const at::Tensor& target_weights) {
+  const at::Tensor row_weights = target_weights.defined() ? target_weights.flatten() : at::Tensor();
   const at::Tensor h =
       documents != nullptr ? trunk_packed(tokens, *documents) : trunk(tokens, 0, nullptr);
   return head(h, [&](const at::Tensor& normed) {
     if (kernels_ == Kernels::fused_cpu && normed.device().is_cpu()) {
-      return linear_cross_entropy(normed.flatten(0, 1), output_weight(), targets.flatten());
+      return linear_cross_entropy(normed.flatten(0, 1), output_weight(), targets.flatten(),
+                                  row_weights);
     }
     const at::Tensor logits = at::linear(normed, output_weight());
-    if (runs_fused_cuda(kernels_, logits)) {
+    // The fused CUDA loss takes the mean only: a weighted one goes the plain way.
+    if (runs_fused_cuda(kernels_, logits) && !row_weights.defined()) {
       return cuda_cross_entropy(logits.flatten(0, 1), targets.flatten(),
                                 /*gradient_overwrites_logits=*/true);
     }
-    return next_token_loss(logits, targets);
+    return next_token_loss(logits, targets, target_weights);
   });
 }
 
@@ -229,8 +232,13 @@ int64_t LlamaImpl::num_parameters() const {
   return total;
 }
 
-at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), targets.flatten());
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets,
+                           const at::Tensor& target_weights) {
+  const at::Tensor flat_logits = logits.flatten(0, 1).to(at::kFloat);
+  if (!target_weights.defined()) return at::cross_entropy_loss(flat_logits, targets.flatten());
+  return at::cross_entropy_loss(flat_logits, targets.flatten(), {}, at::Reduction::None)
+      .mul(target_weights.flatten())
+      .sum();
 }
 
 double training_flops_per_token(const ModelConfig& config, int64_t num_parameters,

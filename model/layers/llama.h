@@ -72,8 +72,12 @@ class LlamaImpl : public torch::nn::Module {
   // Kernels::fused_cpu on the CPU it goes through the output projection in chunks
   // (linear_cross_entropy.h) and never holds the [B, T, V] logits; with Kernels::fused_cuda it is
   // cuda_cross_entropy of the logits in their dtype; otherwise next_token_loss of the logits.
+  // With `target_weights` [B, T] (fp32, on the tokens' device), the sum of each target's loss
+  // times its weight instead of the mean: a masked loss, whose weights are 0 where a token is no
+  // target (loss masks) and where it is, one over the targets the loss is the mean of.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets,
-                  const PackedDocuments* documents = nullptr);
+                  const PackedDocuments* documents = nullptr,
+                  const at::Tensor& target_weights = {});
 
   // Draws the initial weights from the current global torch generator: normal(0, init_std) for
   // embeddings and projections, init_std / sqrt(2 n_layers) for the projections that write into
@@ -138,8 +142,9 @@ class LlamaImpl : public torch::nn::Module {
 TORCH_MODULE(Llama);
 
 // Mean cross-entropy of logits [B, T, V] against targets [B, T] that are already the next tokens,
-// computed in fp32 whatever the logits' dtype.
-at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets);
+// computed in fp32 whatever the logits' dtype; with target_weights [B, T], the weighted sum.
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets,
+                           const at::Tensor& target_weights = {});
 
 // Training FLOPs per token, forward and backward, as in the PaLM paper (appendix B):
 // 6 N + 12 n_layers n_q_heads head_dim seq_len, where N counts every parameter (the tied

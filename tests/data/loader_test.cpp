@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "data/corpus_description.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
@@ -39,6 +40,51 @@ TEST(Loader, DeliversTheSamplersWindowsInTrainingOrder) {
     }
   }
   EXPECT_GE(loader.waited_seconds(), 0.0);
+}
+
+// With loss masks each micro-batch carries its targets' flags, and every rank's loader counts the
+// targets of the whole step, over every rank and micro-step, alike.
+TEST(Loader, WithLossMasksGivesEachWindowsTargetsAndTheWholeStepsCount) {
+  testing::TemporaryDirectory dir;
+  std::vector<uint32_t> tokens(4000);
+  std::vector<uint8_t> targets(4000);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = (i * i) % 7 < 3 ? 1 : 0;
+  ShardSeriesWriter shards(dir.path(), "train", 4096, 4000, /*with_loss_masks=*/true);
+  shards.append(tokens, targets);
+  shards.finish();
+  write_corpus_description(dir.path(), {.chat_template = std::nullopt, .loss_masks = true});
+  const TokenWindows windows((dir / "train_*.bin").string(), 16, 4096);
+  ASSERT_TRUE(windows.has_loss_masks());
+  const BatchLayout layout{.micro_batch = 3, .grad_accum = 2, .world_size = 2};
+  const auto loader_of = [&](int64_t rank) {
+    return std::make_unique<Loader>(
+        std::vector<const TokenWindows*>{&windows},
+        BlendedSampler({{windows.num_windows(), 1.0, 5}}, layout, {0, {0}}), rank, 0,
+        /*prefetch=*/2, /*pin_memory=*/false);
+  };
+  const auto rank0 = loader_of(0);
+  const auto rank1 = loader_of(1);
+  for (int64_t step = 0; step < 5; ++step) {
+    int64_t counted = 0;
+    std::vector<int64_t> step_targets;
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      for (Loader* loader : {rank0.get(), rank1.get()}) {
+        const MicroBatch batch = loader->next();
+        ASSERT_EQ(batch.target_mask.sizes(), (std::vector<int64_t>{3, 16}));
+        for (int64_t row = 0; row < 3; ++row) {
+          // Window w's targets are tokens 16 w + 1 ... 16 w + 16.
+          for (int64_t t = 0; t < 16; ++t) {
+            const size_t token = static_cast<size_t>(16 * batch.windows[row] + 1 + t);
+            EXPECT_EQ(batch.target_mask[row][t].item<uint8_t>(), targets[token]);
+          }
+        }
+        counted += batch.target_mask.sum().item<int64_t>();
+        step_targets.push_back(batch.step_targets);
+      }
+    }
+    EXPECT_EQ(step_targets, std::vector<int64_t>(4, counted)) << "step " << step;
+  }
 }
 
 }  // namespace

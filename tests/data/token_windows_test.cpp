@@ -4,11 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
-
 #include <numeric>
 
 #include "common/error.h"
+#include "data/corpus_description.h"
 #include "tests/support/test_support.h"
 
 namespace mltrain {
@@ -61,6 +62,50 @@ TEST(TokenWindows, BadInputsNameThePatternOrTheFile) {
 
 // A corpus of more than 2^31 tokens: two sparse uint16 shards of 1.1 billion tokens each, whose
 // last window carries two marks. Every offset on the way is 64-bit.
+// A corpus that says it has loss masks must have each; a shard of a corpus without any has every
+// target count. The summary counts the targets and the documents that windows cut.
+TEST(TokenWindows, LossMasksAreReadWhereTheCorpusSaysTheyAre) {
+  TemporaryDirectory dir;
+  std::filesystem::create_directories(dir / "chat");
+  std::filesystem::create_directories(dir / "plain");
+  // Documents of 5 and 30 tokens, each ended by token 2; the first half of each is a target.
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> targets;
+  for (int document = 0; document < 20; ++document) {
+    const int length = document % 2 == 0 ? 5 : 30;
+    for (int i = 0; i < length; ++i) {
+      tokens.push_back(i + 1 == length ? 2 : 10 + i);
+      targets.push_back(2 * i < length ? 1 : 0);
+    }
+  }
+  ShardSeriesWriter chat(dir / "chat", "train", 4096, 100'000, /*with_loss_masks=*/true);
+  chat.append(tokens, targets);
+  chat.finish();
+  write_corpus_description(dir / "chat",
+                           {.chat_template = ChatTemplate::chatml, .loss_masks = true});
+  write_shard(dir / "plain" / "train_000000.bin", tokens, 4096);
+
+  const TokenWindows masked((dir / "chat" / "train_*.bin").string(), 16, 4096);
+  ASSERT_TRUE(masked.has_loss_masks());
+  std::array<uint8_t, 16> read{};
+  masked.read_targets(2, read);
+  EXPECT_TRUE(std::equal(read.begin(), read.end(), targets.begin() + 2 * 16 + 1));
+  const TokenWindows::LossMaskSummary summary = masked.loss_mask_summary(/*end_of_document=*/2);
+  EXPECT_EQ(summary.tokens, 350);
+  EXPECT_EQ(summary.targets, std::count(targets.begin(), targets.end(), uint8_t{1}));
+  EXPECT_EQ(summary.documents, 20);
+  EXPECT_EQ(summary.documents_cut, 10);  // the 30-token ones, longer than a window of 17
+
+  const TokenWindows plain((dir / "plain" / "train_*.bin").string(), 16, 4096);
+  EXPECT_FALSE(plain.has_loss_masks());
+  plain.read_targets(2, read);
+  EXPECT_EQ(std::count(read.begin(), read.end(), uint8_t{1}), 16);
+
+  std::filesystem::remove(dir / "chat" / "train_000000.mask");
+  EXPECT_CONTAINS(windows_error((dir / "chat" / "train_*.bin").string(), 16),
+                  "train_000000.mask: missing: its corpus has loss masks");
+}
+
 TEST(TokenWindows, CorporaOverTwoToTheThirtyOneTokensWork) {
   TemporaryDirectory dir;
   constexpr int64_t kTokens = 1'100'000'001;

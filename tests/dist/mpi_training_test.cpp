@@ -78,6 +78,31 @@ TEST(MpiTraining, TwoRanksTrainLikeOneRankWithTheWholeBatch) {
   }
 }
 
+// With loss masks every rank's loss and gradients are divided by the targets of the whole step,
+// which each rank counts alone: two ranks of 4 windows train as one rank of 8.
+TEST(MpiTraining, TwoRanksTrainOnMaskedTargetsLikeOneRank) {
+  ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
+  const auto communicator = make_communicator(world);
+  const std::filesystem::path directory = shared_directory(*communicator);
+  if (world.rank == 0) testing::write_masked_learnable_corpus(directory / "chat");
+  communicator->all_reduce_sum(0.0);
+  const auto masked_run = [&](const std::string& run, int64_t micro_batch) {
+    Config config = run_in(directory, run, micro_batch);
+    config.data.train = (directory / "chat" / "train_*.bin").string();
+    config.data.val = (directory / "chat" / "val_*.bin").string();
+    return config;
+  };
+  train(masked_run("masked_two", 4), "", world);
+  if (world.rank == 0) train(masked_run("masked_one", 8), "", World());
+  communicator->all_reduce_sum(0.0);
+  if (world.rank == 0) {
+    const NamedTensors two = final_weights(directory, "masked_two");
+    const NamedTensors one = final_weights(directory, "masked_one");
+    for (const auto& [name, tensor] : two)
+      EXPECT_LE(testing::relative_error(tensor, one.at(name)), 1e-6) << name;
+  }
+}
+
 TEST(MpiTraining, ACheckpointOfTwoRanksResumesOnOne) {
   ASSERT_EQ(world.size, 2) << "run under mpirun -n 2";
   const auto communicator = make_communicator(world);

@@ -103,6 +103,35 @@ TEST(LinearCrossEntropy, DefaultChunkingMatchesThePlainLoss) {
   expect_same_loss_and_gradients(chunked, plain, 1e-6);
 }
 
+// Row weights as a loss mask gives them: 0 for the rows that are no target, one over the targets
+// for the rest. The reference is ATen's per-row loss with labels -100 where the mask is 0, summed
+// and divided by the count, as transformers takes a masked loss.
+TEST(LinearCrossEntropy, RowWeightsGiveTheMaskedMeanAndItsGradients) {
+  const Problem problem = random_problem(37, 24, 50);
+  const at::Tensor mask = at::arange(37).remainder(3).ne(0);  // 24 of the 37 rows
+  const at::Tensor row_weights = mask.to(at::kFloat) / mask.sum().to(at::kFloat);
+  const LossFunction masked_reference = [&](const at::Tensor& hidden, const at::Tensor& weight,
+                                            const at::Tensor& targets) {
+    return at::cross_entropy_loss(at::linear(hidden, weight), targets.masked_fill(~mask, -100), {},
+                                  at::Reduction::Sum, /*ignore_index=*/-100) /
+           24.0;
+  };
+  const LossFunction weighted = [&](const at::Tensor& hidden, const at::Tensor& weight,
+                                    const at::Tensor& targets) {
+    return linear_cross_entropy(hidden, weight, targets, 8, row_weights);
+  };
+  const LossAndGradients expected = run(masked_reference, problem, 0.25);
+  expect_same_loss_and_gradients(run(weighted, problem, 0.25), expected, 1e-6);
+  // The rows that are no target have no gradient: a row's hidden gradient is its own.
+  EXPECT_EQ(run(weighted, problem).grad_hidden.index({~mask}).abs().max().item<float>(), 0.0f);
+  // And the plain path of the model's loss takes the same weights.
+  const at::Tensor hidden = problem.hidden.clone().requires_grad_();
+  const at::Tensor logits = at::linear(hidden, problem.weight).unsqueeze(0);
+  const at::Tensor plain =
+      next_token_loss(logits, problem.targets.unsqueeze(0), row_weights.unsqueeze(0));
+  EXPECT_LE(relative_error(plain.detach(), expected.loss), 1e-6);
+}
+
 TEST(LinearCrossEntropy, GivesAGradientOnlyToInputsThatWantOne) {
   const Problem problem = random_problem(37, 24, 50);
   const at::Tensor weight = problem.weight.clone().requires_grad_();

@@ -6,10 +6,14 @@ definitions in README.md, not from the C++ code.
 usage: train_reference.py CONFIG_JSON WEIGHTS.safetensors BATCHES.safetensors OUT.safetensors [FAULT]
 CONFIG holds "model" (as parity.py reads it) and "optim" (lr, min_lr, warmup_steps, max_steps,
 beta1, beta2, eps, weight_decay, grad_clip; for Muon name, muon_lr, muon_momentum, muon_ns_steps). BATCHES holds "batches" [steps, grad_accum, B, T+1]
-int64: the windows of each micro-step. OUT receives "losses" [steps] (float64, each step's mean over
-its micro-steps) and the weights after the last step. FAULT, for the test that the comparison can
-fail: "decay-norms" (weight decay on the norms too), "shifted-schedule" (the learning rate of the
-next step) or "no-nesterov" (Muon steps along its momentum).
+int64: the windows of each micro-step, and, for a corpus with loss masks, "targets" [steps,
+grad_accum, B, T] uint8: 1 where a target counts. OUT receives "losses" [steps] (float64, each
+step's mean over its micro-steps; with targets, the step's loss as transformers' LlamaForCausalLM
+takes it with labels -100 where a target does not count, summed over the step's targets and
+divided by their count) and the weights after the last step. FAULT, for the test that the
+comparison can fail: "decay-norms" (weight decay on the norms too), "shifted-schedule" (the
+learning rate of the next step), "no-nesterov" (Muon steps along its momentum) or "mean-of-means"
+(with targets, each micro-step's mean over its own targets, averaged over the micro-steps).
 """
 import json
 import math
@@ -56,13 +60,25 @@ def main(config_path, weights_path, batches_path, out_path, fault=""):
                                optim["muon_ns_steps"], optim["weight_decay"], fault))
     shift = 1 if fault == "shifted-schedule" else 0
     losses = []
-    for step, micro_batches in enumerate(load_file(batches_path)["batches"], start=1):
+    batches = load_file(batches_path)
+    for step, micro_batches in enumerate(batches["batches"], start=1):
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for window in micro_batches:
+        step_targets = batches["targets"][step - 1] if "targets" in batches else None
+        for micro, window in enumerate(micro_batches):
             logits = minillama.forward(window[:, :-1], weights, config["model"])
-            loss = minillama.loss(logits, window[:, 1:]) / len(micro_batches)
+            if step_targets is None:
+                loss = minillama.loss(logits, window[:, 1:]) / len(micro_batches)
+            else:
+                labels = window[:, 1:].masked_fill(step_targets[micro] == 0, -100)
+                summed = torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                    reduction="sum")
+                if fault == "mean-of-means":
+                    loss = summed / step_targets[micro].sum() / len(micro_batches)
+                else:
+                    loss = summed / step_targets.sum()
             loss.backward()
             step_loss += loss.item()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), optim["grad_clip"])

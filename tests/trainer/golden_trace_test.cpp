@@ -11,7 +11,9 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
+#include "common/file_tree.h"
 #include "data/blended_sampler.h"
 #include "data/loader.h"
 #include "data/token_windows.h"
@@ -19,6 +21,7 @@
 #include "model/layers/llama.h"
 #include "tests/support/test_support.h"
 #include "tests/trainer/tiny_run.h"
+#include "trainer/run/evaluation.h"
 #include "trainer/run/training_run.h"
 
 namespace mltrain {
@@ -78,22 +81,31 @@ std::vector<int64_t> window_indices(const std::vector<BlendedSampler::Sample>& s
   return indices;
 }
 
-// The windows of every micro-step of the run, [steps, grad_accum, micro_batch, seq_len + 1], as
-// its loader reads them (the sampler has tests of its own).
-at::Tensor run_batches(const Config& config) {
+// The windows of every micro-step of the run, "batches" [steps, grad_accum, micro_batch,
+// seq_len + 1], as its loader reads them (the sampler has tests of its own), and with loss masks
+// whether each of their targets counts, "targets" [steps, grad_accum, micro_batch, seq_len].
+NamedTensors run_batches(const Config& config) {
   const TokenWindows windows(config.data.train, config.data.seq_len, config.model.vocab_size);
   const BatchLayout layout{config.data.micro_batch, config.data.grad_accum, 1};
   BlendedSampler sampler({{windows.num_windows(), 1.0, static_cast<uint64_t>(config.data.seed)}},
                          layout, {0, {0}});
   std::vector<at::Tensor> steps;
+  std::vector<at::Tensor> step_targets;
   for (int64_t step = 0; step < kSteps; ++step) {
     std::vector<at::Tensor> micro_steps;
-    for (int64_t micro = 0; micro < layout.grad_accum; ++micro)
-      micro_steps.push_back(gather_windows(
-          windows, window_indices(sampler.windows(step * layout.global_batch(), micro, 0))));
+    std::vector<at::Tensor> micro_targets;
+    for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
+      const std::vector<int64_t> indices =
+          window_indices(sampler.windows(step * layout.global_batch(), micro, 0));
+      micro_steps.push_back(gather_windows(windows, indices));
+      if (windows.has_loss_masks()) micro_targets.push_back(gather_targets(windows, indices));
+    }
     steps.push_back(at::stack(micro_steps));
+    if (windows.has_loss_masks()) step_targets.push_back(at::stack(micro_targets));
   }
-  return at::stack(steps);
+  NamedTensors batches = {{"batches", at::stack(steps)}};
+  if (windows.has_loss_masks()) batches["targets"] = at::stack(step_targets);
+  return batches;
 }
 
 std::vector<double> logged_losses(const std::filesystem::path& metrics) {
@@ -129,36 +141,93 @@ double distance_to_reference(const TemporaryDirectory& dir, const std::string& f
   return distance;
 }
 
-// Trains `optimizer`'s golden run, and checks it against the reference, and against the reference
-// with each of `faults`.
-void expect_reference_trace(const std::string& optimizer, const std::vector<std::string>& faults) {
-  TemporaryDirectory dir;
-  const Config config = golden_run(dir, optimizer);
+// Trains `config`'s golden run (in `dir`, its run directory dir/run), and checks it against the
+// reference, and against the reference with each of `faults`. Returns the run's losses.
+std::vector<double> expect_reference_trace(const TemporaryDirectory& dir, const Config& config,
+                                           const std::vector<std::string>& faults) {
+  remove_tree(dir / "run");
   // The run's initial weights: seeded by data.seed before the model is built, as the run does.
   at::manual_seed(config.data.seed);
   save_model_weights(Llama(config.model, Kernels::aten), dir / "initial.safetensors");
-  save_safetensors(dir / "batches.safetensors", {{"batches", run_batches(config)}});
+  save_safetensors(dir / "batches.safetensors", run_batches(config));
   testing::write_text(dir / "reference.json", reference_config(config));
 
   train(config);
   const std::vector<double> losses = logged_losses(dir / "run" / "metrics.jsonl");
-  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  if (losses.size() != static_cast<size_t>(kSteps)) return losses;
   const NamedTensors weights = load_safetensors(
       dir / "run" / "checkpoints" / fmt::format("step_{:08d}", kSteps) / "model.safetensors");
 
   EXPECT_LE(distance_to_reference(dir, "", losses, weights), kTolerance);
   for (const std::string& fault : faults)
     EXPECT_GT(distance_to_reference(dir, fault, losses, weights), 10 * kTolerance) << fault;
+  return losses;
 }
 
 TEST(GoldenTrace, TwelveStepsMatchThePythonReference) {
-  expect_reference_trace("adamw", {"decay-norms", "shifted-schedule"});
+  TemporaryDirectory dir;
+  expect_reference_trace(dir, golden_run(dir, "adamw"), {"decay-norms", "shifted-schedule"});
 }
 
 // Muon on the blocks' matrices, AdamW on the embedding and the norms, at a peak learning rate of
 // their own.
 TEST(GoldenTrace, TwelveStepsOfMuonMatchThePythonReference) {
-  expect_reference_trace("muon", {"no-nesterov", "shifted-schedule", "decay-norms"});
+  TemporaryDirectory dir;
+  expect_reference_trace(dir, golden_run(dir, "muon"),
+                         {"no-nesterov", "shifted-schedule", "decay-norms"});
+}
+
+// With loss masks the loss is the mean over the step's targets that count, as transformers takes
+// it with labels -100 and the step's count: micro-batches of 4 with grad_accum 4 and of 16 with
+// grad_accum 1 (the same global batch) each match the reference and so each other, and the
+// reference that averages the micro-steps' own means is seen to differ.
+TEST(GoldenTrace, TheMaskedLossOverTheStepsTargetsMatchesThePythonReference) {
+  TemporaryDirectory dir;
+  testing::write_masked_learnable_corpus(dir / "chat");
+  Config config = golden_run(dir, "adamw");
+  config.data.train = (dir / "chat" / "train_*.bin").string();
+  config.data.val = (dir / "chat" / "val_*.bin").string();
+  config.data.micro_batch = 4;
+  config.data.grad_accum = 4;
+  const std::vector<double> accumulated = expect_reference_trace(dir, config, {"mean-of-means"});
+  config.data.micro_batch = 16;
+  config.data.grad_accum = 1;
+  const std::vector<double> whole = expect_reference_trace(dir, config, {});
+  ASSERT_EQ(accumulated.size(), whole.size());
+  for (size_t step = 0; step < whole.size(); ++step)
+    EXPECT_NEAR(accumulated[step], whole[step], kTolerance * whole[step]) << "step " << step + 1;
+}
+
+// Evaluation on a masked corpus is the mean over every validation target that counts, whatever the
+// batches: checked against the model's per-token losses of all the windows at once.
+TEST(GoldenTrace, MaskedEvaluationIsTheMeanOverTheTargetsThatCount) {
+  TemporaryDirectory dir;
+  testing::write_masked_learnable_corpus(dir / "chat");
+  Config config = golden_run(dir, "adamw");
+  config.model.init_std = 0.5;  // tokens' losses far apart, as a trained model's are
+  at::manual_seed(1);
+  Llama model(config.model, Kernels::fused_cpu);
+  const TokenWindows windows((dir / "chat" / "val_*.bin").string(), 16, 32);
+  const auto communicator = make_communicator(World());
+  const Evaluation evaluation =
+      evaluate(model, windows, {.micro_batch = 5, .grad_accum = 1, .world_size = 1},
+               /*eval_batches=*/0, at::kCPU, /*bf16=*/false, *communicator, std::nullopt);
+
+  std::vector<int64_t> all(static_cast<size_t>(windows.num_windows()));
+  std::iota(all.begin(), all.end(), 0);
+  const at::Tensor tokens = gather_windows(windows, all);
+  const at::Tensor mask = gather_targets(windows, all).to(at::kFloat);
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model(tokens.narrow(1, 0, 16));
+  const at::Tensor losses = at::cross_entropy_loss(
+      logits.flatten(0, 1), tokens.narrow(1, 1, 16).flatten(), {}, at::Reduction::None);
+  const double expected =
+      (losses * mask.flatten()).sum().item<double>() / mask.sum().item<double>();
+  EXPECT_NEAR(evaluation.loss, expected, 1e-5 * expected);
+  EXPECT_EQ(evaluation.tokens, mask.sum().item<int64_t>());
+  // Not the mean over every token, which the check could not tell apart otherwise.
+  EXPECT_GT(std::abs(losses.mean().item<double>() - expected), 1e-3);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "data/corpus_description.h"
 #include "data/shard.h"
 #include "trainer/config/config.h"
 
@@ -13,6 +14,33 @@ inline void write_learnable_stream(const std::filesystem::path& path, size_t len
   std::vector<uint32_t> tokens(length);
   for (size_t i = 0; i < length; ++i) tokens[i] = static_cast<uint32_t>(i * 7 % 31);
   write_shard(path, tokens, 32);
+}
+
+// The learnable stream (train_000000.bin, val_000000.bin) with a loss mask beside it, as a chat
+// corpus has: runs of targets and of
+// tokens that are none, of seeded lengths, so that windows hold from none to all targets.
+inline void write_masked_learnable_corpus(const std::filesystem::path& directory) {
+  std::filesystem::create_directories(directory);
+  uint32_t state = 2026;
+  for (const auto& [prefix, length] : {std::pair{"train", 20000}, std::pair{"val", 2000}}) {
+    std::vector<uint32_t> tokens;
+    std::vector<uint8_t> targets;
+    uint8_t flag = 0;
+    int run = 0;
+    for (int i = 0; i < length; ++i) {
+      if (run-- == 0) {
+        state = state * 1664525u + 1013904223u;
+        run = static_cast<int>(state >> 26);  // 0 to 63 tokens
+        flag ^= 1;
+      }
+      tokens.push_back(static_cast<uint32_t>(i * 7 % 31));
+      targets.push_back(flag);
+    }
+    ShardSeriesWriter shards(directory, prefix, 32, length, /*with_loss_masks=*/true);
+    shards.append(tokens, targets);
+    shards.finish();
+  }
+  write_corpus_description(directory, {.chat_template = ChatTemplate::chatml, .loss_masks = true});
 }
 
 // A run of a tiny model on learnable streams in `dir` (train_000000.bin, val_000000.bin, written

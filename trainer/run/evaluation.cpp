@@ -47,6 +47,16 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
     const at::Tensor window = host_window.to(device);
     const std::optional<PackedDocuments> documents =
         documents_of(host_window, document_start, device);
+    if (windows.has_loss_masks()) {
+      // The masked mean: each batch's loss summed over the targets that count, and their count.
+      const at::Tensor targets = gather_targets(windows, indices).to(at::kFloat);
+      const at::Tensor loss =
+          window_loss(model, window, device, bf16, documents, targets.to(device));
+      if (!counted) continue;
+      loss_sum += loss.item<double>();
+      tokens += static_cast<int64_t>(targets.sum().item<double>());
+      continue;
+    }
     const at::Tensor loss = window_loss(model, window, device, bf16, documents);
     if (!counted) continue;
     const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);

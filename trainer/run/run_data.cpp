@@ -41,6 +41,12 @@ void check_tokenizer(const Config& config) {
   }
 }
 
+std::optional<int64_t> end_of_document_token(const Config& config) {
+  if (config.data.eot_token >= 0) return config.data.eot_token;
+  if (!std::filesystem::exists(config.data.tokenizer)) return std::nullopt;
+  return Tokenizer(config.data.tokenizer).end_of_document();
+}
+
 std::optional<int64_t> document_start(const Config& config) {
   if (!config.data.document_masking) return std::nullopt;
   if (config.data.eot_token >= 0) return config.data.eot_token;

@@ -69,6 +69,10 @@ void check_tokenizer(const Config& config);
 // masking. Masking with neither is a UserError.
 std::optional<int64_t> document_start(const Config& config);
 
+// The end-of-document token: data.eot_token when set, else the tokenizer's; none where neither is
+// at hand.
+std::optional<int64_t> end_of_document_token(const Config& config);
+
 // The bytes of the run's tokenizer file, for its checkpoints to carry; empty when the run has none
 // (data.tokenizer empty, or the default path with nothing there).
 std::string read_tokenizer_model(const Config& config);

@@ -13,11 +13,19 @@
 namespace mltrain {
 
 at::Tensor window_loss(Llama& model, const at::Tensor& window, c10::Device device, bool bf16,
-                       const std::optional<PackedDocuments>& documents) {
+                       const std::optional<PackedDocuments>& documents,
+                       const at::Tensor& target_weights) {
   const int64_t length = window.size(1) - 1;
   const AutocastGuard autocast(device, bf16);
   return model->loss(window.narrow(1, 0, length), window.narrow(1, 1, length),
-                     documents ? &*documents : nullptr);
+                     documents ? &*documents : nullptr, target_weights);
+}
+
+at::Tensor masked_target_weights(const at::Tensor& target_mask, int64_t step_targets,
+                                 int world_size, c10::Device device) {
+  const double scale =
+      step_targets > 0 ? static_cast<double>(world_size) / static_cast<double>(step_targets) : 0.0;
+  return target_mask.to(device, /*non_blocking=*/true).to(at::kFloat).mul_(scale);
 }
 
 std::optional<PackedDocuments> documents_of(const at::Tensor& windows,
@@ -33,11 +41,13 @@ std::optional<PackedDocuments> documents_of(const at::Tensor& windows,
 
 at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad_accum,
                             c10::Device device, bool bf16,
-                            const std::optional<PackedDocuments>& documents) {
+                            const std::optional<PackedDocuments>& documents,
+                            const at::Tensor& target_weights) {
   at::Tensor loss;
   {
     RECORD_USER_SCOPE("mltrain::forward");
-    loss = window_loss(model, window, device, bf16, documents) / static_cast<double>(grad_accum);
+    loss = window_loss(model, window, device, bf16, documents, target_weights);
+    if (!target_weights.defined()) loss = loss / static_cast<double>(grad_accum);
   }
   RECORD_USER_SCOPE("mltrain::backward");
   loss.backward();
@@ -46,19 +56,28 @@ at::Tensor forward_backward(Llama& model, const at::Tensor& window, int64_t grad
 
 namespace {
 
-// A micro-batch of windows on the device, and the documents packed into them with document
-// masking.
+// A micro-batch of windows on the device, the documents packed into them with document
+// masking, and the weights of their targets with loss masks.
 struct DeviceWindows {
   at::Tensor tokens;
   std::optional<PackedDocuments> documents;
+  at::Tensor target_weights;
+  int64_t step_targets = 0;
 };
 
 DeviceWindows next_windows(const StepParts& parts, int64_t step) {
   RECORD_USER_SCOPE("mltrain::data");
   const MicroBatch batch = parts.loader.next();
   if (parts.hooks.read_windows) parts.hooks.read_windows(step, parts.rank, batch.windows);
-  return {batch.tokens.to(parts.device, /*non_blocking=*/true),
-          documents_of(batch.tokens, parts.document_start, parts.device)};
+  DeviceWindows windows{batch.tokens.to(parts.device, /*non_blocking=*/true),
+                        documents_of(batch.tokens, parts.document_start, parts.device),
+                        {},
+                        batch.step_targets};
+  if (batch.target_mask.defined()) {
+    windows.target_weights = masked_target_weights(batch.target_mask, batch.step_targets,
+                                                   parts.communicator.size(), parts.device);
+  }
+  return windows;
 }
 
 // The gradients averaged over the ranks (under ZeRO-1, this rank's part of them), and the loss,
@@ -111,7 +130,8 @@ StepResult train_step(const StepParts& parts, int64_t step) {
       parts.optimizer.set_sync(micro + 1 == parts.grad_accum);
       const DeviceWindows windows = next_windows(parts, step);
       loss += forward_backward(parts.model, windows.tokens, parts.grad_accum, parts.device,
-                               parts.bf16, windows.documents);
+                               parts.bf16, windows.documents, windows.target_weights);
+      result.targets = windows.step_targets;
     }
   }
 

@@ -214,6 +214,7 @@ class TrainingRun {
   void announce();
   void announce_sources();
   void announce_document_masking();
+  void announce_loss_masks();
   void record_blend();
   void record_step(const StepResult& result);
   std::optional<StepValues> read_steps();
@@ -604,6 +605,7 @@ void TrainingRun::announce() {
                    : "");
   announce_sources();
   if (document_start_) announce_document_masking();
+  announce_loss_masks();
   // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
   // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
   if (launched_by_mpirun()) {
@@ -680,6 +682,28 @@ void TrainingRun::announce_document_masking() {
           source.name.empty() ? "" : fmt::format("source {}: ", source.name), count,
           *document_start_);
     }
+  }
+}
+
+// With loss masks (a chat corpus), what the loss is the mean of, and how many conversations the
+// windows cut.
+void TrainingRun::announce_loss_masks() {
+  const std::optional<int64_t> end_of_document = end_of_document_token(config_);
+  for (const RunSource& source : sources_) {
+    if (!source.train->has_loss_masks()) continue;
+    const TokenWindows::LossMaskSummary summary =
+        source.train->loss_mask_summary(end_of_document.value_or(-1));
+    const std::string name = source.name.empty() ? "" : fmt::format("source {}: ", source.name);
+    spdlog::info(
+        "{}loss masks: the loss is the mean over the targets that count (the answers), {} of the "
+        "{} training tokens ({:.1f}%){}",
+        name, summary.targets, summary.tokens,
+        100.0 * static_cast<double>(summary.targets) / static_cast<double>(summary.tokens),
+        end_of_document
+            ? fmt::format("; {} of {} conversations are longer than a window of "
+                          "data.seq_len + 1 = {} tokens and are cut",
+                          summary.documents_cut, summary.documents, config_.data.seq_len + 1)
+            : "");
   }
 }
 
@@ -1047,11 +1071,12 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
   const std::string speed = peak_flops > 0 ? fmt::format("MFU {:.1f}%", 100 * flops / peak_flops)
                                            : fmt::format("{:.1f} GFLOP/s", flops / 1e9);
   spdlog::info(
-      "step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) | "
-      "{:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
-      step, schedule_->max_steps(), values.loss, result.lr, values.grad_norm,
-      values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed, peak_memory() / 1e9,
-      duration_text(mean_step * steps_left));
+      "step {}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} ms/step (data {:.1f} ms) "
+      "| {:.0f} tok/s | {} | mem {:.2f} GB | ETA {}",
+      step, schedule_->max_steps(), values.loss,
+      result.targets > 0 ? fmt::format(" over {} targets", result.targets) : "", result.lr,
+      values.grad_norm, values.seconds_per_step * 1e3, result.data_ms, tokens_per_s, speed,
+      peak_memory() / 1e9, duration_text(mean_step * steps_left));
   if (leader_) {
     nlohmann::json record = {{"step", step},
                              {"loss", values.loss},
@@ -1063,6 +1088,7 @@ void TrainingRun::log_step(const StepResult& result, const StepValues& values) {
                              {"flops_per_s", flops},
                              {"peak_memory_bytes", peak_memory()},
                              {"elapsed_s", seconds_since(start_)}};
+    if (result.targets > 0) record["targets"] = result.targets;
     if (device_.is_cpu()) {
       record["forward_backward_ms"] = result.forward_backward_ms;
       record["optimizer_ms"] = result.optimizer_ms;
