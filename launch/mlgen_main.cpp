@@ -22,8 +22,10 @@
 #include "common/error.h"
 #include "common/guarded_main.h"
 #include "common/logging.h"
+#include "data/corpus_description.h"
 #include "data/text_stream.h"
 #include "data/tokenizer.h"
+#include "launch/mlgen_chat.h"
 #include "launch/number_arguments.h"
 #include "model/generation/generate.h"
 #include "model/interop/hf_state_dict.h"
@@ -52,6 +54,10 @@ Without --prompt and with text piped into stdin, every line of stdin is a prompt
 starts a new document): prompts are continued in batches, and each continuation is printed on
 one line, in order, without its prompt; a newline the model writes is printed as \n and a
 backslash as \\. Without --prompt on a terminal, mlgen starts a new document.
+
+With --chat, a conversation: each line of stdin is a user turn, rendered with the chat template
+of the run's corpus (or --chat-template) after the --system turn, if any, and answered until
+the template's end-of-turn marker; piped, each answer is printed on one line as above.
 )";
 
 // Whether `text` is a positive number too small for a double (1e-400), which CLI11 reads as 0:
@@ -67,6 +73,9 @@ bool underflows(const std::string& text) {
 struct GenerateArguments {
   std::string source;
   std::optional<std::string> prompt;
+  bool chat = false;
+  std::optional<std::string> system;
+  std::optional<std::string> chat_template;
   mltrain::GenerationOptions generation;
   bool greedy = false;
   std::string device = "auto";
@@ -127,6 +136,17 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
       ->check(text_check([](const std::string& v) { return parse_number<uint64_t>(v).has_value(); },
                          "an integer >= 0"));
   app.add_flag("--greedy", arguments.greedy, "take the most likely token every time");
+  app.add_flag("--chat", arguments.chat,
+               "a conversation: each line of stdin is a user turn, answered until the\n"
+               "template's end-of-turn marker");
+  app.add_option("--system", arguments.system, "the system turn of --chat")->type_name("TEXT");
+  app.add_option("--chat-template", arguments.chat_template,
+                 "chatml or llama2; default: the one the run's corpus was prepared with\n"
+                 "(its corpus.json), else chatml")
+      ->type_name("T")
+      ->check(text_check(
+          [](const std::string& v) { return mltrain::chat_template_named(v).has_value(); },
+          "chatml or llama2"));
   app.add_option("--device", arguments.device, "auto (a GPU when one is visible), cpu or cuda")
       ->type_name("auto|cpu|cuda")
       ->check(
@@ -152,6 +172,14 @@ std::optional<GenerateArguments> parse_arguments(int argc, const char* const* ar
         extra.front().starts_with("-") ? "unknown option" : "unexpected argument", extra.front()));
   }
   if (run_dir_missing) throw mltrain::UserError("no run directory given (see mlgen --help)");
+  if (arguments.chat && arguments.prompt) {
+    throw mltrain::UserError(
+        "--chat reads the user's turns from stdin, and --prompt gives none (see mlgen --help)");
+  }
+  if (!arguments.chat && (arguments.system || arguments.chat_template)) {
+    throw mltrain::UserError(fmt::format("{} applies to --chat only (see mlgen --help)",
+                                         arguments.system ? "--system" : "--chat-template"));
+  }
   if (arguments.greedy) sampling.temperature = 0.0;
   return arguments;
 }
@@ -161,21 +189,6 @@ c10::Device generation_device(const std::string& setting) {
     throw mltrain::UserError("--device cuda but no CUDA device is visible: use --device cpu");
   }
   return mltrain::resolve_device(setting);
-}
-
-// A continuation on one line: newlines (and the backslash, to keep it reversible) escaped.
-std::string one_line(const std::string& text) {
-  std::string line;
-  for (const char c : text) {
-    if (c == '\n') {
-      line += "\\n";
-    } else if (c == '\\') {
-      line += "\\\\";
-    } else {
-      line += c;
-    }
-  }
-  return line;
 }
 
 std::string continuation_text(const mltrain::Tokenizer& tokenizer,
@@ -245,7 +258,7 @@ void continue_lines(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
             static_cast<std::ptrdiff_t>(std::min(first + kBatchSize, prompts.size())));
     const mltrain::Generation result = mltrain::generate(model, batch, options);
     for (const auto& tokens : result.tokens)
-      fmt::print("{}\n", one_line(continuation_text(tokenizer, tokens)));
+      fmt::print("{}\n", mltrain::escaped_line(continuation_text(tokenizer, tokens)));
     std::fflush(stdout);
     throughput.add(batch, result);
   }
@@ -271,6 +284,16 @@ void continue_prompt(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
   Throughput throughput;
   throughput.add(prompts, result);
   throughput.report();
+}
+
+// The template a chat renders with: --chat-template, else the one the run's training corpus says
+// it was prepared with, else chatml.
+mltrain::ChatTemplate template_of(const GenerateArguments& arguments,
+                                  const mltrain::Config& config) {
+  if (arguments.chat_template) return *mltrain::chat_template_named(*arguments.chat_template);
+  const std::filesystem::path corpus = std::filesystem::path(config.data.train).parent_path();
+  return mltrain::read_corpus_description(corpus).chat_template.value_or(
+      mltrain::ChatTemplate::chatml);
 }
 
 }  // namespace
@@ -304,7 +327,10 @@ int main(int argc, char** argv) {
     mltrain::GenerationOptions options = arguments->generation;
     options.stop = tokenizer.end_of_document();
     options.vocab_limit = tokenizer.vocab_size();
-    if (arguments->prompt) {
+    if (arguments->chat) {
+      mltrain::chat(model, tokenizer, template_of(*arguments, config), options, arguments->system,
+                    std::cin, /*one_line=*/::isatty(STDIN_FILENO) == 0);
+    } else if (arguments->prompt) {
       continue_prompt(model, tokenizer, options, *arguments->prompt);
     } else if (::isatty(STDIN_FILENO) == 0) {
       continue_lines(model, tokenizer, options, std::cin);

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "common/error.h"
@@ -10,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "model/interop/hf_state_dict.h"
 #include "tests/support/test_support.h"
+#include "tests/trainer/tiny_run.h"
 #include "trainer/config/config.h"
 
 namespace mltrain {
@@ -48,7 +51,11 @@ TEST(MlgenCli, BadArgumentsAreOneLineAndExitTwo) {
            {"runs/x --seed -3", "--seed: expected an integer >= 0, got \"-3\""},
            {"runs/x --seed 1e3", "--seed: expected an integer >= 0, got \"1e3\""},
            {"runs/x --device gpu", "--device: expected auto, cpu or cuda, got \"gpu\""},
-           {"runs/x --prompt", "--prompt: 1 required TEXT missing (see mlgen --help)"}}) {
+           {"runs/x --prompt", "--prompt: 1 required TEXT missing (see mlgen --help)"},
+           {"runs/x --chat --prompt hi", "--chat reads the user's turns from stdin"},
+           {"runs/x --system hi", "--system applies to --chat only"},
+           {"runs/x --chat --chat-template alpaca",
+            "--chat-template: expected chatml or llama2, got \"alpaca\""}}) {
     const CommandResult run = mlgen(arguments);
     EXPECT_EQ(run.exit_code, kExitUserError) << arguments;
     EXPECT_CONTAINS(run.output, message);
@@ -62,7 +69,8 @@ TEST(MlgenCli, HelpListsEveryFlagAndExitsZero) {
   EXPECT_CONTAINS(run.output, "Usage: mlgen [OPTIONS] RUN_DIR|CHECKPOINT_DIR");
   for (const char* flag :
        {"-h,--help", "--prompt TEXT", "--max-new-tokens,--tokens N", "--temperature T", "--top-k K",
-        "--top-p P", "--seed S", "--greedy", "--device auto|cpu|cuda"})
+        "--top-p P", "--seed S", "--greedy", "--device auto|cpu|cuda", "--chat", "--system TEXT",
+        "--chat-template T"})
     EXPECT_CONTAINS(run.output, flag);
   for (const char* documented : {"newest checkpoint", "temperature 0.8", "50 most likely", "95%",
                                  "seed 1337", "printed as \\n"})
@@ -217,6 +225,64 @@ TEST_F(MlgenOnATinyModel, PipedPromptsGiveOneLineEachWithTheTextOfEachAlone) {
         alone.output.substr(prompt.size(), alone.output.size() - prompt.size() - 1);
     EXPECT_EQ(line, escaped(continuation)) << "prompt \"" << prompt << "\"";
   }
+}
+
+// A tiny model taught one answer on a chat corpus (the loss on the answers only) answers each
+// turn of a scripted conversation with it and stops there, at the end-of-turn marker, well before
+// --max-new-tokens.
+TEST(MlgenChat, AnswersAScriptedTwoTurnConversationAndStopsAtTheEndOfTurnMarker) {
+  testing::TemporaryDirectory dir;
+  std::string lines_of_chat;
+  for (int i = 0; i < 400; ++i) {
+    lines_of_chat +=
+        fmt::format(R"({{"messages": [{{"role": "user", "content": "Is {} a number?"}}, )"
+                    R"({{"role": "assistant", "content": "Yes, of course."}}]}})"
+                    "\n",
+                    i);
+  }
+  testing::write_text(dir / "chat.jsonl", lines_of_chat);
+  const CommandResult prep = testing::run_tool(
+      "mlprep", fmt::format("--input {} --format chat --vocab-size 300 --out {}",
+                            (dir / "chat.jsonl").string(), (dir / "chat").string()));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  Config config = testing::tiny_run(dir.path());
+  config.model.vocab_size = Tokenizer(dir / "chat" / "tokenizer.model").vocab_size();
+  config.model.max_seq_len = 64;  // a conversation of two turns, most words spelt in bytes
+  config.data.seq_len = 64;
+  config.data.train = (dir / "chat" / "train_*.bin").string();
+  config.data.val = (dir / "chat" / "val_*.bin").string();
+  config.data.tokenizer = (dir / "chat" / "tokenizer.model").string();
+  config.data.document_masking = true;
+  config.train.max_steps = 100;
+  config.train.ckpt_every = 100;
+  testing::write_text(dir / "chat.yaml", config_to_yaml(config));
+  const CommandResult train = testing::run_tool("mltrain", (dir / "chat.yaml").string());
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+
+  testing::write_text(dir / "turns.txt", "Is it raining?\nAnd is seven a number?\n");
+  const CommandResult answers = testing::run_command(
+      fmt::format("({}/mlgen {} --chat --greedy --max-new-tokens 40 < {} 2>/dev/null)",
+                  MLTRAIN_BIN_DIR, (dir / "run").string(), (dir / "turns.txt").string()));
+  ASSERT_EQ(answers.exit_code, 0) << answers.output;
+  EXPECT_EQ(answers.output, "Yes, of course.\nYes, of course.\n");
+
+  // Eight turns outgrow model.max_seq_len: the oldest exchanges go, and every turn is answered.
+  std::string turns;
+  for (int i = 0; i < 8; ++i) turns += fmt::format("Is {} a number?\n", i * 11);
+  testing::write_text(dir / "many.txt", turns);
+  const CommandResult many = testing::run_command(
+      fmt::format("({}/mlgen {} --chat --greedy < {} 2>/dev/null)", MLTRAIN_BIN_DIR,
+                  (dir / "run").string(), (dir / "many.txt").string()));
+  ASSERT_EQ(many.exit_code, 0) << many.output;
+  std::string expected;
+  for (int i = 0; i < 8; ++i) expected += "Yes, of course.\n";
+  EXPECT_EQ(many.output, expected);
+  // A turn that cannot fit alone is one line, exit 2.
+  testing::write_text(dir / "long.txt", std::string(200, 'x') + "\n");
+  const CommandResult too_long =
+      mlgen(fmt::format("{} --chat < {}", (dir / "run").string(), (dir / "long.txt").string()));
+  EXPECT_EQ(too_long.exit_code, kExitUserError);
+  EXPECT_CONTAINS(too_long.output, "too long for model.max_seq_len = 64");
 }
 
 TEST_F(MlgenOnATinyModel, EmptyPipedInputPrintsNothing) {

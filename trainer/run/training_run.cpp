@@ -700,8 +700,9 @@ void TrainingRun::announce_loss_masks() {
         name, summary.targets, summary.tokens,
         100.0 * static_cast<double>(summary.targets) / static_cast<double>(summary.tokens),
         end_of_document
-            ? fmt::format("; {} of {} conversations are longer than a window of "
-                          "data.seq_len + 1 = {} tokens and are cut",
+            ? fmt::format("; {} of {} documents (conversations, or under the llama2 template "
+                          "their exchanges) are longer than a window of data.seq_len + 1 = {} "
+                          "tokens and are cut",
                           summary.documents_cut, summary.documents, config_.data.seq_len + 1)
             : "");
   }
