@@ -7,10 +7,13 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "data/loader.h"
+#include "data/token_windows.h"
 #include "model/interop/hf_state_dict.h"
 #include "tests/launch/trained_run.h"
 #include "tests/support/test_support.h"
@@ -220,6 +223,100 @@ TEST(HfCli, EvaluatesAndStartsFromAModelThatTransformersSaved) {
   EXPECT_EQ(missing.exit_code, kExitUserError) << missing.output;
   EXPECT_CONTAINS(missing.output, "not a Hugging Face model directory");
   EXPECT_FALSE(std::filesystem::exists(dir / "c"));
+}
+
+// Fine-tuning as the README gives it: a Llama that transformers saved, with a SentencePiece
+// tokenizer made as Llama's are, fine-tuned with model.init_from on a chat corpus prepared with
+// that tokenizer (the llama2 template), exported, and loaded by transformers, whose loss over the
+// validation targets that count (labels -100 elsewhere) is mltrain's.
+TEST(HfCli, FineTunesAModelThatTransformersSavedOnChatsAndTransformersLoadsTheExport) {
+  TemporaryDirectory dir;
+  std::string chats;
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    const std::string question = fmt::format("What is {} plus {}?", i, i % 7);
+    const std::string answer = fmt::format("It is {}.", i + i % 7);
+    chats += nlohmann::json{{"messages",
+                             {{{"role", "user"}, {"content", question}},
+                              {{"role", "assistant"}, {"content", answer}}}}}
+                 .dump() +
+             "\n";
+    text += question + " " + answer + "\n";
+  }
+  testing::write_text(dir / "chat.jsonl", chats);
+  testing::write_text(dir / "text.txt", text);
+  const CommandResult tokenizer = testing::run_command(
+      fmt::format("{} {}/tests/reference/chat_render.py train-llama-like {} 300 {}", MLTRAIN_PYTHON,
+                  MLTRAIN_SOURCE_DIR, (dir / "text.txt").string(), (dir / "llama").string()));
+  ASSERT_EQ(tokenizer.exit_code, 0) << tokenizer.output;
+  testing::write_text(dir / "llama.json", R"({
+      "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+      "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "tie_word_embeddings": false})");
+  save_safetensors(dir / "none.safetensors", {{"tokens", at::zeros({1, 4}, at::kLong)}});
+  const std::string hf = (dir / "hf").string();
+  run_reference(fmt::format("create {} none {} {}", (dir / "llama.json").string(), hf,
+                            (dir / "none.safetensors").string()),
+                dir / "created");
+  std::filesystem::copy_file(dir / "llama.model", dir / "hf" / "tokenizer.model");
+
+  const CommandResult prep = testing::run_tool(
+      "mlprep",
+      fmt::format("--input {} --format chat --chat-template llama2 --tokenizer {} "
+                  "--val-fraction 0.2 --out {}",
+                  (dir / "chat.jsonl").string(), hf + "/tokenizer.model", (dir / "chat").string()));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  Config config = testing::tiny_run(dir.path());
+  config.model = {.vocab_size = 300,
+                  .d_model = 32,
+                  .n_layers = 2,
+                  .n_q_heads = 4,
+                  .n_kv_heads = 2,
+                  .head_dim = 8,
+                  .d_ffn = 64,
+                  .max_seq_len = 64,
+                  .tie_word_embeddings = false};
+  config.init_from = hf;
+  config.data.train = (dir / "chat" / "train_*.bin").string();
+  config.data.val = (dir / "chat" / "val_*.bin").string();
+  config.data.tokenizer = hf + "/tokenizer.model";
+  config.data.seq_len = 32;
+  config.train.max_steps = 6;
+  config.train.ckpt_every = 6;
+  config.optim.warmup_steps = 2;
+  const std::string run_yaml = (dir / "sft.yaml").string();
+  testing::write_text(run_yaml, config_to_yaml(config));
+  const CommandResult trained = mltrain(run_yaml);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_CONTAINS(trained.output, "loss masks: the loss is the mean over the targets");
+  const std::string exported = (dir / "export").string();
+  const CommandResult exporting = mltrain(run_yaml + " --resume auto --export-hf " + exported);
+  ASSERT_EQ(exporting.exit_code, 0) << exporting.output;
+  const CommandResult evaluated = mltrain(run_yaml + " --eval-only --resume " + exported);
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.output;
+
+  // Every validation window, its targets -100 where the mask says they do not count.
+  const TokenWindows windows(config.data.val, config.data.seq_len, config.model.vocab_size);
+  std::vector<int64_t> all(static_cast<size_t>(windows.num_windows()));
+  std::iota(all.begin(), all.end(), 0);
+  const at::Tensor read = gather_windows(windows, all);
+  const at::Tensor counts = gather_targets(windows, all);
+  const at::Tensor targets = read.narrow(1, 1, config.data.seq_len).masked_fill(counts.eq(0), -100);
+  save_safetensors(dir / "val.safetensors",
+                   {{"tokens", read.narrow(1, 0, config.data.seq_len).contiguous()},
+                    {"targets", targets.contiguous()}});
+  run_reference(fmt::format("load {} {}", exported, (dir / "val.safetensors").string()),
+                dir / "loaded");
+  const double reference =
+      load_safetensors(dir / "loaded" / "logits.safetensors").at("loss").item<double>();
+  EXPECT_NEAR(printed_val_loss(evaluated.output), reference, 1e-4);
+  // The fine-tuning moved the weights: the model transformers saved has another loss.
+  run_reference(fmt::format("load {} {}", hf, (dir / "val.safetensors").string()), dir / "base");
+  EXPECT_GT(
+      std::abs(load_safetensors(dir / "base" / "logits.safetensors").at("loss").item<double>() -
+               reference),
+      1e-3);
 }
 
 }  // namespace
