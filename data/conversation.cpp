@@ -46,6 +46,9 @@ Conversation parse_conversation(std::string_view json_line) {
     throw BadConversation(fmt::format("not JSON ({})", error.what()));
   }
   if (!line.is_object()) throw BadConversation("expected a JSON object");
+  if (line.contains(kMessages.list) && line.contains(kShareGpt.list)) {
+    throw BadConversation("both a \"messages\" and a \"conversations\" list: which is it?");
+  }
   const Shape* shape = nullptr;
   for (const Shape* candidate : {&kMessages, &kShareGpt}) {
     if (line.contains(candidate->list)) shape = candidate;

@@ -55,6 +55,9 @@ class Loader {
   std::vector<const TokenWindows*> sources_;
   std::vector<int64_t> first_window_;  // each source's first window in the numbering of `windows`
   BlendedSampler sampler_;
+  // A copy that walks every rank's samples to count each step's targets, so that sampler_ only
+  // ever moves forward (going back replays a blend from its segment's start).
+  BlendedSampler counting_sampler_;
   int64_t rank_;
   int64_t prefetch_;
   bool pin_memory_;

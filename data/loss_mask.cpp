@@ -119,6 +119,19 @@ LossMaskReader::LossMaskReader(std::filesystem::path path, const ShardReader& sh
   file_.advise_random();
 }
 
+std::vector<int32_t> LossMaskReader::targets_per_window(int64_t seq_len, int64_t windows) const {
+  std::vector<int32_t> counts(static_cast<size_t>(windows));
+  file_.read_in_place(kShardHeaderBytes, static_cast<size_t>(num_tokens_),
+                      [&](const unsigned char* targets) {
+                        for (int64_t w = 0; w < windows; ++w) {
+                          const unsigned char* first = targets + w * seq_len + 1;
+                          counts[static_cast<size_t>(w)] =
+                              static_cast<int32_t>(std::count(first, first + seq_len, 1));
+                        }
+                      });
+  return counts;
+}
+
 void LossMaskReader::read(int64_t start, std::span<uint8_t> out) const {
   file_.copy(kShardHeaderBytes + start, out.size(), out.data());
   // Opening checked every byte; one that is not a flag now was written since, where the file's

@@ -30,7 +30,6 @@ class LossMaskFileWriter {
  public:
   explicit LossMaskFileWriter(const std::filesystem::path& path);
   void append(std::span<const uint8_t> targets);
-  int64_t num_tokens() const { return num_tokens_; }
   // `shard_token_hash`: ShardFileWriter::token_hash of the shard these targets belong to.
   void commit(uint64_t shard_token_hash);
 
@@ -51,11 +50,14 @@ class LossMaskReader {
  public:
   LossMaskReader(std::filesystem::path path, const ShardReader& shard);
 
-  const std::filesystem::path& path() const { return file_.path(); }
   int64_t num_tokens() const { return num_tokens_; }
 
   // Copies the targets of tokens [start, start + out.size()) into out.
   void read(int64_t start, std::span<uint8_t> out) const;
+
+  // The targets of each of `windows` windows of seq_len + 1 tokens at stride seq_len: the flags
+  // of tokens [w seq_len + 1, (w + 1) seq_len], summed, in one pass over the file.
+  std::vector<int32_t> targets_per_window(int64_t seq_len, int64_t windows) const;
 
  private:
   MappedFile file_;

@@ -147,7 +147,8 @@ void ShardSeriesWriter::append(std::span<const uint32_t> tokens, std::span<const
 }
 
 void ShardSeriesWriter::commit_current() {
-  // The mask first: a shard never appears without the mask a reader will look for.
+  // The mask first, so that no shard of a finished series lacks its mask; readers are kept from
+  // a corpus until mlprep has published it whole (corpus_output.h).
   if (current_mask_) current_mask_->commit(current_->token_hash());
   current_->commit();
   current_.reset();

@@ -77,10 +77,20 @@ TokenWindows::TokenWindows(const std::string& pattern, int64_t seq_len, int64_t 
     shards_.push_back(std::move(shard));
     masks_.push_back(std::move(mask));
   }
+  if (!has_loss_masks()) return;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const int64_t windows = window_starts_[s + 1] - window_starts_[s];
+    const std::vector<int32_t> counts =
+        masks_[s]
+            ? masks_[s]->targets_per_window(seq_len_, windows)
+            : std::vector<int32_t>(static_cast<size_t>(windows), static_cast<int32_t>(seq_len_));
+    window_targets_.insert(window_targets_.end(), counts.begin(), counts.end());
+  }
 }
 
-TokenWindows::TokenWindows(TokenWindows&&) noexcept = default;
-TokenWindows::~TokenWindows() = default;
+int64_t TokenWindows::targets_in_window(int64_t index) const {
+  return window_targets_.empty() ? seq_len_ : window_targets_[static_cast<size_t>(index)];
+}
 
 std::pair<size_t, int64_t> TokenWindows::locate(int64_t index) const {
   // The shard whose window range holds index: the last start not after it.

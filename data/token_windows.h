@@ -23,8 +23,6 @@ class TokenWindows {
   // shard too short for one window, or a mask missing where its directory says there is one, is
   // a UserError naming the pattern or the file.
   TokenWindows(const std::string& pattern, int64_t seq_len, int64_t vocab_size);
-  TokenWindows(TokenWindows&&) noexcept;
-  ~TokenWindows();
 
   int64_t num_windows() const { return window_starts_.back(); }
   int64_t num_tokens() const { return num_tokens_; }
@@ -49,6 +47,9 @@ class TokenWindows {
   // Whether each of window `index`'s seq_len targets (its tokens after the first) is one to train
   // on: 1 or 0 from the shard's loss mask, 1 for every target of a shard without one.
   void read_targets(int64_t index, std::span<uint8_t> out) const;
+  // How many of window `index`'s targets count: counted once when the masks are opened, so that
+  // a step's count reads no file.
+  int64_t targets_in_window(int64_t index) const;
 
  private:
   // The shard that holds window `index`, and the window's first token in it.
@@ -58,6 +59,7 @@ class TokenWindows {
   int64_t num_tokens_ = 0;
   std::vector<ShardReader> shards_;
   std::vector<std::unique_ptr<LossMaskReader>> masks_;  // each shard's, or null
+  std::vector<int32_t> window_targets_;  // with loss masks: each window's targets that count
   // window_starts_[s] is the index of shard s's first window; the last entry is the total.
   std::vector<int64_t> window_starts_;
 };

@@ -32,7 +32,10 @@ std::vector<int64_t> fitting_prompt(const ChatRenderer& renderer, Conversation& 
                       "model.max_seq_len = {} with room for an answer",
                       tokens.size(), max_seq_len));
     }
-    conversation.erase(first_turn);
+    // An exchange goes whole: the user's turn and the answers after it.
+    const auto next_user = std::find_if(first_turn + 1, conversation.end(),
+                                        [](const Turn& turn) { return turn.role == Role::user; });
+    conversation.erase(first_turn, next_user);
   }
 }
 

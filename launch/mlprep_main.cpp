@@ -136,6 +136,8 @@ std::optional<mltrain::CorpusPrepOptions> parse_arguments(int argc, const char* 
   if (!missing.empty()) throw mltrain::UserError(fmt::format("{} (see mlprep --help)", missing));
   options.reader.format = mltrain::parse_document_format(format);
   options.chat_template = mltrain::parse_chat_template(chat_template);
+  if (app.count("--chat-template") > 0 && options.reader.format != mltrain::DocumentFormat::kChat)
+    throw mltrain::UserError("--chat-template applies to --format chat only (see mlprep --help)");
   options.inputs = mltrain::list_input_files(inputs);
   return options;
 }

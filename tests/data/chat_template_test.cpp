@@ -167,6 +167,8 @@ TEST(Conversation, EachBadConversationNamesItsFileAndLineOrIsCountedWhenSkipped)
        "no assistant turn"},
       {R"({"text": "plain"})", "expected a \"messages\" list"},
       {"not json", "not JSON"},
+      {R"({"messages": [], "conversations": []})",
+       "both a \"messages\" and a \"conversations\" list"},
   };
   const std::string good =
       R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]})";

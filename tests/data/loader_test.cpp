@@ -87,5 +87,55 @@ TEST(Loader, WithLossMasksGivesEachWindowsTargetsAndTheWholeStepsCount) {
   }
 }
 
+// A blend of a masked and a plain corpus, resumed at step 7: every micro-batch's step count is
+// the whole step's, counted afresh from the samples of every rank, and the windows stay those of
+// the training order.
+TEST(Loader, ABlendOfMaskedAndPlainCorporaCountsEachStepsTargetsAfterAResume) {
+  testing::TemporaryDirectory dir;
+  std::filesystem::create_directories(dir / "chat");
+  std::vector<uint32_t> tokens(3000);
+  std::vector<uint8_t> targets(3000);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = (i / 5) % 3 == 0 ? 1 : 0;
+  ShardSeriesWriter shards(dir / "chat", "train", 4096, 3000, /*with_loss_masks=*/true);
+  shards.append(tokens, targets);
+  shards.finish();
+  write_corpus_description(dir / "chat", {.chat_template = std::nullopt, .loss_masks = true});
+  write_shard(dir / "train_000000.bin", tokens, 4096);
+  const TokenWindows chat((dir / "chat" / "train_*.bin").string(), 16, 4096);
+  const TokenWindows plain((dir / "train_*.bin").string(), 16, 4096);
+  const BatchLayout layout{.micro_batch = 2, .grad_accum = 3, .world_size = 2};
+  const auto blend = [&] {
+    return BlendedSampler({{chat.num_windows(), 2.0, 5}, {plain.num_windows(), 1.0, 6}}, layout,
+                          {0, {0, 0}});
+  };
+  const std::vector<const TokenWindows*> sources = {&chat, &plain};
+  const int64_t start = 7 * layout.global_batch();
+  Loader loader(sources, blend(), /*rank=*/1, start, /*prefetch=*/3, /*pin_memory=*/false);
+  BlendedSampler reference = blend();
+  for (int64_t step = 7; step < 30; ++step) {
+    int64_t expected = 0;
+    std::vector<std::vector<int64_t>> rank1_windows;
+    for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
+      for (int64_t rank = 0; rank < layout.world_size; ++rank) {
+        std::vector<int64_t> windows;
+        for (const auto& sample : reference.windows(step * layout.global_batch(), micro, rank)) {
+          std::vector<uint8_t> flags(16);
+          sources[sample.source]->read_targets(sample.window, flags);
+          expected += std::count(flags.begin(), flags.end(), uint8_t{1});
+          windows.push_back(sample.source == 0 ? sample.window
+                                               : chat.num_windows() + sample.window);
+        }
+        if (rank == 1) rank1_windows.push_back(windows);
+      }
+    }
+    for (int64_t micro = 0; micro < layout.grad_accum; ++micro) {
+      const MicroBatch batch = loader.next();
+      EXPECT_EQ(batch.windows, rank1_windows[micro]) << "step " << step << " micro " << micro;
+      EXPECT_EQ(batch.step_targets, expected) << "step " << step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mltrain

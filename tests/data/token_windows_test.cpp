@@ -60,10 +60,9 @@ TEST(TokenWindows, BadInputsNameThePatternOrTheFile) {
   EXPECT_EQ(windows_error((dir / "short_*.bin").string(), 7), "");
 }
 
-// A corpus of more than 2^31 tokens: two sparse uint16 shards of 1.1 billion tokens each, whose
-// last window carries two marks. Every offset on the way is 64-bit.
 // A corpus that says it has loss masks must have each; a shard of a corpus without any has every
-// target count. The summary counts the targets and the documents that windows cut.
+// target count. Each window's count of targets is taken once; the summary counts the targets and
+// the documents longer than a window.
 TEST(TokenWindows, LossMasksAreReadWhereTheCorpusSaysTheyAre) {
   TemporaryDirectory dir;
   std::filesystem::create_directories(dir / "chat");
@@ -90,6 +89,10 @@ TEST(TokenWindows, LossMasksAreReadWhereTheCorpusSaysTheyAre) {
   std::array<uint8_t, 16> read{};
   masked.read_targets(2, read);
   EXPECT_TRUE(std::equal(read.begin(), read.end(), targets.begin() + 2 * 16 + 1));
+  for (int64_t w = 0; w < masked.num_windows(); ++w) {
+    const auto first = targets.begin() + w * 16 + 1;
+    EXPECT_EQ(masked.targets_in_window(w), std::count(first, first + 16, uint8_t{1})) << w;
+  }
   const TokenWindows::LossMaskSummary summary = masked.loss_mask_summary(/*end_of_document=*/2);
   EXPECT_EQ(summary.tokens, 350);
   EXPECT_EQ(summary.targets, std::count(targets.begin(), targets.end(), uint8_t{1}));
@@ -100,12 +103,15 @@ TEST(TokenWindows, LossMasksAreReadWhereTheCorpusSaysTheyAre) {
   EXPECT_FALSE(plain.has_loss_masks());
   plain.read_targets(2, read);
   EXPECT_EQ(std::count(read.begin(), read.end(), uint8_t{1}), 16);
+  EXPECT_EQ(plain.targets_in_window(2), 16);
 
   std::filesystem::remove(dir / "chat" / "train_000000.mask");
   EXPECT_CONTAINS(windows_error((dir / "chat" / "train_*.bin").string(), 16),
                   "train_000000.mask: missing: its corpus has loss masks");
 }
 
+// A corpus of more than 2^31 tokens: two sparse uint16 shards of 1.1 billion tokens each, whose
+// last window carries two marks. Every offset on the way is 64-bit.
 TEST(TokenWindows, CorporaOverTwoToTheThirtyOneTokensWork) {
   TemporaryDirectory dir;
   constexpr int64_t kTokens = 1'100'000'001;

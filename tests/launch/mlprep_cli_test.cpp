@@ -244,6 +244,11 @@ TEST(MlprepCli, AChatCorpusWithoutItsMarkersOrWithABadConversationExitsTwo) {
   const CommandResult template_name = mlprep(arguments + " --chat-template alpaca");
   EXPECT_EQ(template_name.exit_code, kExitUserError);
   EXPECT_CONTAINS(template_name.output, "--chat-template alpaca: expected chatml or llama2");
+  const CommandResult not_chat =
+      mlprep(fmt::format("--input {} --format jsonl --chat-template llama2 --out {}",
+                         (dir / "bad.jsonl").string(), (dir / "plain_text").string()));
+  EXPECT_EQ(not_chat.exit_code, kExitUserError);
+  EXPECT_CONTAINS(not_chat.output, "--chat-template applies to --format chat only");
 }
 
 // The token ids are Python sentencepiece's for the same model and documents:

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "common/error.h"
 #include "common/file_tree.h"
 #include "data/blended_sampler.h"
 #include "data/loader.h"
@@ -197,6 +198,23 @@ TEST(GoldenTrace, TheMaskedLossOverTheStepsTargetsMatchesThePythonReference) {
   ASSERT_EQ(accumulated.size(), whole.size());
   for (size_t step = 0; step < whole.size(); ++step)
     EXPECT_NEAR(accumulated[step], whole[step], kTolerance * whole[step]) << "step " << step + 1;
+}
+
+// A validation set without a target that counts is an error that says why, not a NaN.
+TEST(GoldenTrace, EvaluatingWindowsWithoutTargetsIsAnError) {
+  TemporaryDirectory dir;
+  testing::write_masked_learnable_corpus(dir / "chat", /*targets_wanted=*/false);
+  const Config config = golden_run(dir, "adamw");
+  Llama model(config.model, Kernels::fused_cpu);
+  const TokenWindows windows((dir / "chat" / "val_*.bin").string(), 16, 32);
+  const auto communicator = make_communicator(World());
+  try {
+    evaluate(model, windows, {.micro_batch = 4, .grad_accum = 1, .world_size = 1}, 0, at::kCPU,
+             false, *communicator, std::nullopt);
+    FAIL() << "windows without targets were evaluated";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "hold no target that counts");
+  }
 }
 
 // Evaluation on a masked corpus is the mean over every validation target that counts, whatever the

@@ -19,7 +19,9 @@ inline void write_learnable_stream(const std::filesystem::path& path, size_t len
 // The learnable stream (train_000000.bin, val_000000.bin) with a loss mask beside it, as a chat
 // corpus has: runs of targets and of
 // tokens that are none, of seeded lengths, so that windows hold from none to all targets.
-inline void write_masked_learnable_corpus(const std::filesystem::path& directory) {
+// With `targets_wanted` false every flag is 0: a corpus with nothing to learn from.
+inline void write_masked_learnable_corpus(const std::filesystem::path& directory,
+                                          bool targets_wanted = true) {
   std::filesystem::create_directories(directory);
   uint32_t state = 2026;
   for (const auto& [prefix, length] : {std::pair{"train", 20000}, std::pair{"val", 2000}}) {
@@ -34,7 +36,7 @@ inline void write_masked_learnable_corpus(const std::filesystem::path& directory
         flag ^= 1;
       }
       tokens.push_back(static_cast<uint32_t>(i * 7 % 31));
-      targets.push_back(flag);
+      targets.push_back(targets_wanted ? flag : 0);
     }
     ShardSeriesWriter shards(directory, prefix, 32, length, /*with_loss_masks=*/true);
     shards.append(tokens, targets);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "common/error.h"
 #include "data/loader.h"
 #include "model/interop/hf_checkpoint.h"
 #include "model/interop/hf_state_dict.h"
@@ -65,6 +66,11 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
   }
   model->train();
   const double all_tokens = communicator.all_reduce_sum(static_cast<double>(tokens));
+  if (all_tokens == 0) {
+    throw UserError(
+        "the validation windows hold no target that counts (their loss masks are all 0): there "
+        "is nothing to evaluate; prepare the corpus with conversations that have answers");
+  }
   const double loss = communicator.all_reduce_sum(loss_sum) / all_tokens;
   return {loss, std::exp(loss), static_cast<int64_t>(all_tokens)};
 }

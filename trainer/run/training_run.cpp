@@ -605,7 +605,7 @@ void TrainingRun::announce() {
                    : "");
   announce_sources();
   if (document_start_) announce_document_masking();
-  announce_loss_masks();
+  if (leader_) announce_loss_masks();
   // Open MPI's mpirun answers Ctrl-C by killing the ranks a second after it warns them, too soon to
   // checkpoint; SIGUSR1 it forwards. launch/local_ranks.sh turns Ctrl-C into that.
   if (launched_by_mpirun()) {
@@ -685,8 +685,9 @@ void TrainingRun::announce_document_masking() {
   }
 }
 
-// With loss masks (a chat corpus), what the loss is the mean of, and how many conversations the
-// windows cut.
+// With loss masks (a chat corpus), what the loss is the mean of, and how many conversations are
+// longer than a window. (Windows lie at a fixed stride over the packed documents, so a shorter one
+// may be cut too, where it crosses a window's end.) A pass over the masked shards: the leader's.
 void TrainingRun::announce_loss_masks() {
   const std::optional<int64_t> end_of_document = end_of_document_token(config_);
   for (const RunSource& source : sources_) {
@@ -702,7 +703,7 @@ void TrainingRun::announce_loss_masks() {
         end_of_document
             ? fmt::format("; {} of {} documents (conversations, or under the llama2 template "
                           "their exchanges) are longer than a window of data.seq_len + 1 = {} "
-                          "tokens and are cut",
+                          "tokens, so that no window holds them whole",
                           summary.documents_cut, summary.documents, config_.data.seq_len + 1)
             : "");
   }
