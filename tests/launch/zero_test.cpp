@@ -397,6 +397,36 @@ TEST(HybridSharding, FourRanksAsTwoGroupsOfTwoTrainLikeOneRank) {
   }
 }
 
+// On a corpus with loss masks, where each rank's loss and gradients are divided by the whole
+// step's targets, ZeRO-2, ZeRO-3 and hybrid sharding train as one rank does.
+TEST(ZeroStages, AMaskedCorpusTrainsAtStagesTwoAndThreeAndInGroupsLikeOneRank) {
+  TemporaryDirectory dir;
+  testing::write_masked_learnable_corpus(dir / "chat");
+  const std::string config = write_config(dir, "adamw");
+  const std::string masked =
+      fmt::format("--set data.train={} --set data.val={}", (dir / "chat" / "train_*.bin").string(),
+                  (dir / "chat" / "val_*.bin").string());
+  for (const int64_t global_batch : {kGlobalBatch, int64_t{24}}) {
+    const std::filesystem::path one = dir / fmt::format("one_{}", global_batch);
+    const auto unsharded = train(1, config, one.string(), 0, masked, global_batch);
+    ASSERT_EQ(unsharded.exit_code, 0) << unsharded.output;
+    EXPECT_NE(unsharded.output.find("loss masks: the loss is the mean"), std::string::npos);
+    const auto runs =
+        global_batch == kGlobalBatch
+            ? std::vector<std::tuple<int, int, std::string>>{{2, 2, ""}, {2, 3, ""}}
+            : std::vector<std::tuple<int, int, std::string>>{{4, 3, " --set dist.shard_ranks=2"}};
+    for (const auto& [ranks, stage, more] : runs) {
+      const std::filesystem::path run = dir / fmt::format("masked_{}_{}", ranks, stage);
+      const auto sharded = train(ranks, config, run.string(), stage, masked + more, global_batch);
+      ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+      expect_same_by_step(run, one, "loss", kSteps, 2e-5);
+      expect_same_by_step(run, one, "targets", kSteps, 0.0);
+      expect_close(final_file(run, "model.safetensors"), final_file(one, "model.safetensors"), 2e-5,
+                   fmt::format("{} ranks at stage {}{}, weights", ranks, stage, more));
+    }
+  }
+}
+
 // At start as in the dry run: a dist.shard_ranks that does not divide the ranks is one line and
 // exit 2 on every rank, before the run trains or writes anything but its lock.
 TEST(HybridSharding, ShardRanksThatDoNotDivideTheRanksStopTheRunBeforeItTrains) {
