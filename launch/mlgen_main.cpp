@@ -286,14 +286,31 @@ void continue_prompt(mltrain::Llama& model, const mltrain::Tokenizer& tokenizer,
   throughput.report();
 }
 
-// The template a chat renders with: --chat-template, else the one the run's training corpus says
-// it was prepared with, else chatml.
+// The template a chat renders with: --chat-template, else the one the run's training corpora say
+// they were prepared with (data.train's, or each of data.sources'), else chatml. Corpora prepared
+// with different templates are a UserError: which one the model answers in is not clear.
 mltrain::ChatTemplate template_of(const GenerateArguments& arguments,
                                   const mltrain::Config& config) {
   if (arguments.chat_template) return *mltrain::chat_template_named(*arguments.chat_template);
-  const std::filesystem::path corpus = std::filesystem::path(config.data.train).parent_path();
-  return mltrain::read_corpus_description(corpus).chat_template.value_or(
-      mltrain::ChatTemplate::chatml);
+  std::vector<std::string> patterns = {config.data.train};
+  if (!config.sources.empty()) {
+    patterns.clear();
+    for (const mltrain::DataSource& source : config.sources) patterns.push_back(source.train);
+  }
+  std::optional<mltrain::ChatTemplate> found;
+  for (const std::string& pattern : patterns) {
+    const std::optional<mltrain::ChatTemplate> chat_template =
+        mltrain::read_corpus_description(std::filesystem::path(pattern).parent_path())
+            .chat_template;
+    if (chat_template && found && *chat_template != *found) {
+      throw mltrain::UserError(fmt::format(
+          "the run's corpora were prepared with the {} and the {} chat templates: give "
+          "--chat-template",
+          mltrain::chat_template_name(*found), mltrain::chat_template_name(*chat_template)));
+    }
+    if (chat_template) found = chat_template;
+  }
+  return found.value_or(mltrain::ChatTemplate::chatml);
 }
 
 }  // namespace

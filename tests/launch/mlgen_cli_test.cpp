@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "data/corpus_description.h"
 #include "data/corpus_prep.h"
 #include "data/tokenizer.h"
 #include "model/interop/hf_state_dict.h"
@@ -283,6 +284,31 @@ TEST(MlgenChat, AnswersAScriptedTwoTurnConversationAndStopsAtTheEndOfTurnMarker)
       mlgen(fmt::format("{} --chat < {}", (dir / "run").string(), (dir / "long.txt").string()));
   EXPECT_EQ(too_long.exit_code, kExitUserError);
   EXPECT_CONTAINS(too_long.output, "too long for model.max_seq_len = 64");
+}
+
+// --chat takes the template the run's corpora were prepared with, each of data.sources' too:
+// corpora of two templates leave it unclear, and --chat-template settles it.
+TEST_F(MlgenOnATinyModel, ChatRefusesCorporaOfTwoTemplatesUnlessOneIsGiven) {
+  Config config = load_config(directory_ / "config.yaml");
+  for (const auto& [name, chat_template] :
+       {std::pair{"chatml", ChatTemplate::chatml}, std::pair{"llama2", ChatTemplate::llama2}}) {
+    std::filesystem::create_directories(directory_ / name);
+    write_corpus_description(directory_ / name,
+                             {.chat_template = chat_template, .loss_masks = true});
+    config.sources.push_back({.name = name,
+                              .train = (directory_ / name / "train_*.bin").string(),
+                              .val = (directory_ / name / "val_*.bin").string()});
+  }
+  testing::write_text(directory_ / "config.yaml", config_to_yaml(config));
+  testing::write_text(directory_ / "turn.txt", "Hello?\n");
+  const std::string turn = " < " + (directory_ / "turn.txt").string();
+  const CommandResult unclear = run("--chat" + turn);
+  EXPECT_EQ(unclear.exit_code, kExitUserError) << unclear.output;
+  EXPECT_CONTAINS(unclear.output,
+                  "the run's corpora were prepared with the chatml and the llama2 chat templates");
+  // The fixture's tokenizer has <s> and </s>, llama2's markers.
+  const CommandResult given = run("--chat --chat-template llama2 --max-new-tokens 3" + turn);
+  EXPECT_EQ(given.exit_code, 0) << given.output;
 }
 
 TEST_F(MlgenOnATinyModel, EmptyPipedInputPrintsNothing) {

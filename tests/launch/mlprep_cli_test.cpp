@@ -192,6 +192,15 @@ TEST(MlprepCli, PreparesAChatCorpusWithLossMasksTheSameFromEitherShape) {
     corpora[sharegpt] = testing::file_contents(out);
   }
   EXPECT_EQ(corpora[0], corpora[1]);
+
+  // A plain corpus prepared over it with --overwrite leaves none of the chat corpus's files.
+  const CommandResult plain = mlprep(fmt::format(
+      "--input /usr/share/games/fortunes/computers --format fortune --vocab-size 400 --out {} "
+      "--overwrite",
+      (dir / "out0").string()));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  for (const char* file : {"train_000000.mask", "val_000000.mask", "corpus.json"})
+    EXPECT_FALSE(std::filesystem::exists(dir / "out0" / file)) << file;
   for (const char* file : {"train_000000.bin", "train_000000.mask", "val_000000.bin",
                            "val_000000.mask", "tokenizer.model", "corpus.json"})
     EXPECT_TRUE(corpora[0].contains(file)) << file;
