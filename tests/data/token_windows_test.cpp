@@ -105,6 +105,20 @@ TEST(TokenWindows, LossMasksAreReadWhereTheCorpusSaysTheyAre) {
   EXPECT_EQ(std::count(read.begin(), read.end(), uint8_t{1}), 16);
   EXPECT_EQ(plain.targets_in_window(2), 16);
 
+  // A description that is not one mlprep writes is named with what is wrong in it.
+  const std::string good = testing::read_text(dir / "chat" / "corpus.json");
+  for (const auto& [text, problem] :
+       {std::pair{R"({"loss_masks": "yes"})", "type must be boolean"},
+        std::pair{R"({"chat_template": "chatml"})", "loss_masks"},
+        std::pair{R"({"loss_masks": true, "chat_template": "alpaca"})",
+                  "unknown chat template alpaca"}}) {
+    testing::write_text(dir / "chat" / "corpus.json", text);
+    const std::string error = windows_error((dir / "chat" / "train_*.bin").string(), 16);
+    EXPECT_CONTAINS(error, "corpus.json: not a corpus description that mlprep writes");
+    EXPECT_CONTAINS(error, problem);
+  }
+  testing::write_text(dir / "chat" / "corpus.json", good);
+
   std::filesystem::remove(dir / "chat" / "train_000000.mask");
   EXPECT_CONTAINS(windows_error((dir / "chat" / "train_*.bin").string(), 16),
                   "train_000000.mask: missing: its corpus has loss masks");

@@ -48,20 +48,19 @@ Evaluation evaluate(Llama& model, const TokenWindows& windows, const BatchLayout
     const at::Tensor window = host_window.to(device);
     const std::optional<PackedDocuments> documents =
         documents_of(host_window, document_start, device);
+    // With loss masks each batch's loss is summed over the targets that count (their flags as
+    // weights), and those are what the mean divides by; without, it is the batch's mean.
+    at::Tensor target_weights;
+    int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
     if (windows.has_loss_masks()) {
-      // The masked mean: each batch's loss summed over the targets that count, and their count.
       const at::Tensor targets = gather_targets(windows, indices).to(at::kFloat);
-      const at::Tensor loss =
-          window_loss(model, window, device, bf16, documents, targets.to(device));
-      if (!counted) continue;
-      loss_sum += loss.item<double>();
-      tokens += static_cast<int64_t>(targets.sum().item<double>());
-      continue;
+      target_weights = targets.to(device);
+      batch_tokens = static_cast<int64_t>(targets.sum().item<double>());
     }
-    const at::Tensor loss = window_loss(model, window, device, bf16, documents);
+    const at::Tensor loss = window_loss(model, window, device, bf16, documents, target_weights);
     if (!counted) continue;
-    const int64_t batch_tokens = window.size(0) * (window.size(1) - 1);
-    loss_sum += loss.item<double>() * static_cast<double>(batch_tokens);
+    const double summed = target_weights.defined() ? 1.0 : static_cast<double>(batch_tokens);
+    loss_sum += loss.item<double>() * summed;
     tokens += batch_tokens;
   }
   model->train();
