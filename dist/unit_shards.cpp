@@ -30,6 +30,9 @@ UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLay
     if (unit >= units.size()) throw std::invalid_argument("UnitShards: a position of no unit");
   at::NoGradGuard no_grad;
   const int ranks = communicator_.size();
+  const bool without_bytes =
+      std::all_of(parameters_.begin(), parameters_.end(),
+                  [](const at::Tensor& parameter) { return parameter.storage().nbytes() == 0; });
   for (BucketLayout& layout : units) {
     if (layout.members.empty() || layout.elements % ranks != 0)
       throw std::invalid_argument("UnitShards: a unit without members, or not cut into parts");
@@ -38,13 +41,23 @@ UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLay
       throw std::invalid_argument("UnitShards: the parts are kept in fp32");
     Unit unit;
     unit.layout = std::move(layout);
+    const int64_t elements = unit.layout.part_elements(ranks);
+    if (without_bytes) {
+      // The parameters stay as they were made (fp32, for what is built over them, as the reducer's
+      // buckets) until fill() makes them views of the unit.
+      unit.part = at::zeros({elements}, options);
+      unit.whole = at::empty({unit.layout.elements}, options.dtype(gather_dtype_));
+      unit.has_bytes = true;
+      free(unit);
+      units_.push_back(std::move(unit));
+      continue;
+    }
     const at::Tensor flat = at::zeros({unit.layout.elements}, options);
     for (size_t k = 0; k < unit.layout.members.size(); ++k) {
       const at::Tensor& parameter = parameters_.at(unit.layout.members[k]);
       unit.layout.member_view(flat, k, parameter.sizes()).copy_(parameter);
     }
     view_parameters(unit, flat);
-    const int64_t elements = unit.layout.part_elements(ranks);
     unit.part = flat.narrow(0, communicator_.rank() * elements, elements).clone();
     if (casts()) {
       unit.kept = flat;
@@ -57,6 +70,7 @@ UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLay
     }
     units_.push_back(std::move(unit));
   }
+  kept_whole_ = !without_bytes;
   most_whole_ = whole_units();
 }
 
@@ -123,6 +137,15 @@ void UnitShards::view_parameters(const Unit& unit, const at::Tensor& flat) {
     at::Tensor& parameter = parameters_.at(unit.layout.members[k]);
     parameter.set_data(unit.layout.member_view(flat, k, parameter.sizes()));
   }
+}
+
+// The parameters views of the unit's whole tensor in the gather dtype, which is then freed: made
+// with bytes for as long as the views take to make.
+void UnitShards::view_freed(Unit& unit) {
+  give_bytes(unit);
+  unit.has_bytes = true;
+  view_parameters(unit, unit.whole);
+  free(unit);
 }
 
 bool UnitShards::read_twice(size_t unit) const {
@@ -223,15 +246,52 @@ void UnitShards::shard() {
     const at::Tensor& kept = casts() ? unit.kept : unit.whole;
     unit.part.copy_(kept.narrow(0, part_begin(u), unit.part.numel()));
     if (casts()) {
-      // The parameters view the gather dtype's tensor from here on: made with bytes, then freed.
-      give_bytes(unit);
-      unit.has_bytes = true;
-      view_parameters(unit, unit.whole);
+      // The parameters view the gather dtype's tensor from here on.
+      view_freed(unit);
       unit.kept = at::Tensor();
     }
     free(unit);
   }
   kept_whole_ = false;
+}
+
+void UnitShards::fill(const Fill& fill) {
+  std::lock_guard lock(mutex_);
+  const auto members = [&](const Unit& unit) {
+    std::vector<at::Tensor> tensors;
+    for (const size_t member : unit.layout.members) tensors.push_back(parameters_.at(member));
+    return tensors;
+  };
+  if (kept_whole_) {
+    for (const Unit& unit : units_) fill(members(unit));
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    // A unit left whole since an update holds the weights before it; these replace them.
+    free(unit);
+    // In fp32, for the part: the whole tensor itself where the unit is gathered in fp32.
+    at::Tensor flat;
+    if (casts()) {
+      flat = at::empty({unit.layout.elements}, unit.part.options());
+    } else {
+      give_bytes(unit);
+      unit.has_bytes = true;
+      flat = unit.whole;
+    }
+    // The padding past the members goes into the last part: zeros, as the constructor leaves it.
+    flat.zero_();
+    view_parameters(unit, flat);
+    fill(members(unit));
+    communicator_.broadcast(flat, 0);
+    unit.part.copy_(flat.narrow(0, part_begin(u), unit.part.numel()));
+    if (casts()) {
+      view_freed(unit);
+    } else {
+      free(unit);
+    }
+  }
 }
 
 int64_t UnitShards::whole_units() const {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,7 +43,10 @@ class UnitShards {
  public:
   // `units`: one layout per unit, its members indices into `parameters`, padded to a multiple of
   // the ranks. Each parameter's current values (every rank's the same) become this rank's parts;
-  // the weights stay whole, as after make_whole(), until shard().
+  // the weights stay whole, as after make_whole(), until shard(). Parameters made without bytes
+  // (their storage empty: LlamaImpl::Weights::none) have no values: the parts start at zero and
+  // the weights sharded, the parameters as they were made, until fill() gives them their values
+  // and makes them views of their units; nothing is gathered before.
   UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLayout> units,
              std::vector<size_t> order, Communicator& communicator,
              at::ScalarType gather_dtype = at::kFloat);
@@ -77,6 +81,15 @@ class UnitShards {
   // rank's are the same), then every unit freed.
   void shard();
   bool whole() const { return kept_whole_; }
+
+  // Writes the weights through `fill`, called once per unit with the unit's parameters, which it
+  // is to give their values (the same on every rank: drawn from the model's seed, or read from a
+  // file): the unit whole in fp32 meanwhile, then rank 0's values broadcast and each rank's part
+  // taken, and the unit freed. So at most one unit is ever whole, where building or loading the
+  // whole model and then cutting it would hold all of them (the set-up's initial draw or load, a
+  // rollback's). Kept whole, the parameters are written in place. A collective.
+  using Fill = std::function<void(const std::vector<at::Tensor>& parameters)>;
+  void fill(const Fill& fill);
   // The dtype the units are all-gathered and computed in while the ranks train.
   at::ScalarType gather_dtype() const { return gather_dtype_; }
 
@@ -103,6 +116,7 @@ class UnitShards {
   void gather(size_t unit);
   void wait_whole(size_t unit);
   void free(Unit& unit);
+  void view_freed(Unit& unit);
   void view_parameters(const Unit& unit, const at::Tensor& flat);
   bool casts() const { return gather_dtype_ != at::kFloat; }
   bool read_after(size_t position) const;

@@ -43,34 +43,24 @@ std::map<std::string, std::vector<std::string>> shard_contents(const std::filesy
   return contents;
 }
 
-// The shards are all checked to be there before any is read: they can be large.
-NamedTensors load_shards(const std::filesystem::path& directory) {
+// The shards are all checked to be there before any is opened: a missing one is named at once.
+WeightFiles open_shards(const std::filesystem::path& directory) {
   const std::filesystem::path index = directory / kIndexName;
   const auto contents = shard_contents(index);
   std::vector<std::string> missing;
+  std::vector<std::pair<std::filesystem::path, std::vector<std::string>>> files;
   for (const auto& [shard, tensors] : contents) {
     if (!std::filesystem::is_regular_file(directory / shard)) {
       missing.push_back(
           fmt::format("{} (holding {} tensors, {} the first)", shard, tensors.size(), tensors[0]));
     }
+    files.emplace_back(directory / shard, tensors);
   }
   if (!missing.empty()) {
     throw UserError(fmt::format("{} names shards missing from {}: {}", index.string(),
                                 directory.string(), fmt::join(missing, ", ")));
   }
-  NamedTensors tensors;
-  for (const auto& [shard, names] : contents) {
-    NamedTensors loaded = load_safetensors(directory / shard);
-    for (const std::string& name : names) {
-      auto found = loaded.find(name);
-      if (found == loaded.end()) {
-        throw UserError(fmt::format("{}: no tensor {}, which {} puts there",
-                                    (directory / shard).string(), name, index.string()));
-      }
-      tensors.insert(loaded.extract(found));
-    }
-  }
-  return tensors;
+  return WeightFiles(files, index.string());
 }
 
 }  // namespace
@@ -86,22 +76,14 @@ HfConfig read_hf_config(const std::filesystem::path& directory) {
   return parse_hf_config(read_text_file(path, "Hugging Face config"), path.string());
 }
 
-NamedTensors load_hf_tensors(const std::filesystem::path& directory) {
-  NamedTensors tensors;
-  if (std::filesystem::exists(directory / kIndexName)) {
-    tensors = load_shards(directory);
-  } else if (std::filesystem::exists(directory / "model.safetensors")) {
-    tensors = load_safetensors(directory / "model.safetensors");
-  } else {
-    throw UserError(fmt::format(
-        "{}: no model.safetensors or {} (save the model with save_pretrained, which writes "
-        "safetensors)",
-        directory.string(), kIndexName));
-  }
-  // Older transformers saved the rotary tables; they hold nothing that config.json does not.
-  std::erase_if(tensors,
-                [](const auto& item) { return item.first.ends_with("rotary_emb.inv_freq"); });
-  return tensors;
+WeightFiles open_hf_weights(const std::filesystem::path& directory) {
+  if (std::filesystem::exists(directory / kIndexName)) return open_shards(directory);
+  if (std::filesystem::exists(directory / "model.safetensors"))
+    return WeightFiles(directory / "model.safetensors");
+  throw UserError(fmt::format(
+      "{}: no model.safetensors or {} (save the model with save_pretrained, which writes "
+      "safetensors)",
+      directory.string(), kIndexName));
 }
 
 void check_hf_model_config(const ModelConfig& ours, const std::filesystem::path& directory) {
@@ -118,9 +100,8 @@ void check_hf_model_config(const ModelConfig& ours, const std::filesystem::path&
   }
 }
 
-void load_hf_model(Llama& model, const std::filesystem::path& directory) {
-  check_hf_model_config(model->config(), directory);
-  const ModelConfig& ours = model->config();
+WeightFiles open_hf_model(const ModelConfig& ours, const std::filesystem::path& directory) {
+  check_hf_model_config(ours, directory);
   const HfConfig theirs = read_hf_config(directory);
   if (ours.max_seq_len > theirs.model.max_seq_len) {
     spdlog::warn(
@@ -128,7 +109,11 @@ void load_hf_model(Llama& model, const std::filesystem::path& directory) {
         "was trained for",
         directory.string(), ours.max_seq_len, theirs.model.max_seq_len);
   }
-  load_hf_state_dict(model, load_hf_tensors(directory), directory.string());
+  return open_hf_weights(directory);
+}
+
+void load_hf_model(Llama& model, const std::filesystem::path& directory) {
+  load_hf_weights(model, open_hf_model(model->config(), directory));
 }
 
 }  // namespace mltrain

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,47 @@ std::string shape_text(at::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+// Every entry of a file (or of tensors) checked against the model's tensors by Hugging Face
+// name, from their shapes alone (a parameter without bytes has them): missing, unexpected, wrongly
+// shaped or non-floating tensors are one UserError that names `source` and lists every offending
+// key. The rotary tables that older transformers saved are passed over: they hold nothing that
+// config.json does not.
+void check_against_model(const Llama& model, const std::map<std::string, SafetensorsEntry>& entries,
+                         const std::string& source) {
+  std::vector<std::string> problems;
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const NamedParameter& parameter : hf_parameters(model)) {
+    for (const ParameterPart& part : parameter.parts) {
+      std::vector<int64_t> shape = parameter.tensor.sizes().vec();
+      shape.front() = part.rows;
+      expected.emplace(part.name, std::move(shape));
+    }
+  }
+  for (const auto& [name, shape] : expected) {
+    const auto found = entries.find(name);
+    if (found == entries.end()) {
+      problems.push_back(fmt::format("missing {}", name));
+    } else if (!at::isFloatingType(found->second.dtype)) {
+      problems.push_back(
+          fmt::format("{} has non-floating dtype {}", name, c10::toString(found->second.dtype)));
+    } else if (found->second.shape != shape) {
+      problems.push_back(fmt::format("{} has shape {} in the file, {} in the model", name,
+                                     shape_text(found->second.shape), shape_text(shape)));
+    }
+  }
+  for (const auto& [name, entry] : entries) {
+    if (expected.contains(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+    problems.push_back(name == "lm_head.weight"
+                           ? "unexpected lm_head.weight (this model ties it to the embeddings: "
+                             "model.tie_word_embeddings)"
+                           : fmt::format("unexpected {}", name));
+  }
+  if (!problems.empty()) {
+    throw UserError(
+        fmt::format("{} does not match the model: {}", source, fmt::join(problems, "; ")));
+  }
+}
+
 }  // namespace
 
 NamedParameters hf_parameters(const Llama& model) {
@@ -99,38 +141,30 @@ NamedTensors hf_state_dict(const Llama& model) {
 }
 
 void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::string& source) {
-  std::vector<std::string> problems;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (parameter, value)
-  NamedTensors expected = hf_state_dict(model);
-  for (const auto& [name, parameter] : expected) {
-    const auto found = tensors.find(name);
-    if (found == tensors.end()) {
-      problems.push_back(fmt::format("missing {}", name));
-    } else if (!at::isFloatingType(found->second.scalar_type())) {
-      problems.push_back(fmt::format("{} has non-floating dtype {}", name,
-                                     c10::toString(found->second.scalar_type())));
-    } else if (found->second.sizes() != parameter.sizes()) {
-      problems.push_back(fmt::format("{} has shape {} in the file, {} in the model", name,
-                                     shape_text(found->second.sizes()),
-                                     shape_text(parameter.sizes())));
-    } else {
-      copies.emplace_back(parameter, found->second);
-    }
-  }
+  std::map<std::string, SafetensorsEntry> entries;
   for (const auto& [name, tensor] : tensors) {
-    if (!expected.contains(name)) {
-      problems.push_back(name == "lm_head.weight"
-                             ? "unexpected lm_head.weight (this model ties it to the embeddings: "
-                               "model.tie_word_embeddings)"
-                             : fmt::format("unexpected {}", name));
-    }
+    entries.emplace(
+        name, SafetensorsEntry{
+                  .name = name, .dtype = tensor.scalar_type(), .shape = tensor.sizes().vec()});
   }
-  if (!problems.empty()) {
-    throw UserError(
-        fmt::format("{} does not match the model: {}", source, fmt::join(problems, "; ")));
-  }
+  check_against_model(model, entries, source);
   at::NoGradGuard no_grad;
-  for (auto& [parameter, value] : copies) parameter.copy_(value);
+  for (const auto& [name, parameter] : hf_state_dict(model)) parameter.copy_(tensors.at(name));
+}
+
+void load_hf_weights(Llama& model, const WeightFiles& files,
+                     const std::vector<at::Tensor>& parameters) {
+  check_against_model(model, files.entries(), files.source());
+  for (const NamedParameter& parameter : hf_parameters(model)) {
+    const bool wanted =
+        parameters.empty() ||
+        std::any_of(parameters.begin(), parameters.end(), [&](const at::Tensor& given) {
+          return given.unsafeGetTensorImpl() == parameter.tensor.unsafeGetTensorImpl();
+        });
+    if (!wanted) continue;
+    for (const ParameterPart& part : parameter.parts)
+      files.read_into(part.name, part_of(parameter.tensor.detach(), part));
+  }
 }
 
 const std::map<std::string, std::string>& hf_weights_metadata() {
@@ -147,7 +181,7 @@ void save_model_weights(const Llama& model, const std::filesystem::path& path) {
 }
 
 void load_model_weights(Llama& model, const std::filesystem::path& path) {
-  load_hf_state_dict(model, load_safetensors(path), path.string());
+  load_hf_weights(model, WeightFiles(path));
 }
 
 void check_weights_can_fill(const ModelConfig& config, const std::string& config_source,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/interop/safetensors.h"
+#include "model/interop/weight_files.h"
 #include "model/layers/llama.h"
 #include "model/layers/named_parameter.h"
 
@@ -29,6 +30,12 @@ NamedTensors hf_state_dict(const Llama& model);
 // Missing, unexpected, wrongly shaped or non-floating tensors are one UserError that names
 // `source` and lists every offending key.
 void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::string& source);
+
+// The same from `files`, read a tensor at a time, into those of `parameters` that are the model's
+// (all of them when empty): every tensor of the files is checked against the whole model first,
+// so that files that do not match change nothing, and ZeRO-3 can load one unit at a time.
+void load_hf_weights(Llama& model, const WeightFiles& files,
+                     const std::vector<at::Tensor>& parameters = {});
 
 // The metadata of a weights file that transformers reads: format pt.
 const std::map<std::string, std::string>& hf_weights_metadata();

@@ -292,6 +292,12 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
   return found == placed_.end() ? nullptr : &found->second.entry;
 }
 
+std::vector<SafetensorsEntry> SafetensorsReader::entries() const {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, placed] : placed_) entries.push_back(placed.entry);
+  return entries;
+}
+
 at::Tensor SafetensorsReader::read(const std::string& name, int64_t first, int64_t count) const {
   const Placed& placed = placed_.at(name);
   at::Tensor values = at::empty({count}, at::TensorOptions().dtype(placed.entry.dtype));

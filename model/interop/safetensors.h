@@ -86,6 +86,8 @@ class SafetensorsReader {
 
   // The entry of the tensor `name`; none where the file has no such tensor.
   const SafetensorsEntry* find(const std::string& name) const;
+  // Every tensor's entry, in the order of their names.
+  std::vector<SafetensorsEntry> entries() const;
   // Every tensor, into CPU memory.
   NamedTensors read_all() const;
   // Reads each piece's elements into its `values` (of any dtype, on any device: cast and copied

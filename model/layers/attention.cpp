@@ -30,12 +30,13 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
                                           /*scale=*/std::nullopt, /*enable_gqa=*/true);
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels)
-    : wqkv(register_module("wqkv", torch::nn::Linear(bias_free_linear(
-                                       config.d_model, (config.n_q_heads + 2 * config.n_kv_heads) *
-                                                           config.head_dim)))),
-      wo(register_module("wo", torch::nn::Linear(bias_free_linear(
-                                   config.n_q_heads * config.head_dim, config.d_model)))),
+AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels,
+                             const WeightOptions& options)
+    : wqkv(register_module("wqkv",
+                           Matrix((config.n_q_heads + 2 * config.n_kv_heads) * config.head_dim,
+                                  config.d_model, options))),
+      wo(register_module("wo",
+                         Matrix(config.d_model, config.n_q_heads * config.head_dim, options))),
       n_q_heads_(config.n_q_heads),
       n_kv_heads_(config.n_kv_heads),
       head_dim_(config.head_dim),

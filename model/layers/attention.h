@@ -4,12 +4,12 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <optional>
 
 #include "model/kernels/kernels.h"
+#include "model/layers/linear.h"
 #include "model/layers/model_config.h"
 
 namespace mltrain {
@@ -42,7 +42,8 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 // the scores.
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const ModelConfig& config, Kernels kernels);
+  // The projections on `options`' device (model_config.h's shapes), drawn by the model.
+  AttentionImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {});
 
   // x [B, T, d_model] holds tokens at positions [start_pos, start_pos + T); cos/sin are the rotary
   // tables of those positions. With a cache, this layer's keys and values are appended to it
@@ -55,8 +56,8 @@ class AttentionImpl : public torch::nn::Module {
                      int64_t start_pos = 0, KVCache* cache = nullptr, int64_t layer = 0,
                      const DocumentAttention* documents = nullptr);
 
-  torch::nn::Linear wqkv;
-  torch::nn::Linear wo;
+  Matrix wqkv;
+  Matrix wo;
 
  private:
   // The output projection of the attended values [B, n_q_heads, T, head_dim].

@@ -10,10 +10,10 @@
 
 namespace mltrain {
 
-FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels)
-    : w_gate_up(
-          register_module("w_gate_up", torch::nn::Linear(bias_free_linear(d_model, 2 * d_ffn)))),
-      w_down(register_module("w_down", torch::nn::Linear(bias_free_linear(d_ffn, d_model)))),
+FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels,
+                                 const WeightOptions& options)
+    : w_gate_up(register_module("w_gate_up", Matrix(2 * d_ffn, d_model, options))),
+      w_down(register_module("w_down", Matrix(d_model, d_ffn, options))),
       kernels_(kernels) {}
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {

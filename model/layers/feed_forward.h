@@ -1,10 +1,10 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "model/kernels/kernels.h"
+#include "model/layers/linear.h"
 
 namespace mltrain {
 
@@ -13,11 +13,13 @@ namespace mltrain {
 // model/interop/hf_state_dict.h).
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels);
+  // The projections on `options`' device, drawn by the model.
+  FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels,
+                  const WeightOptions& options = {});
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear w_gate_up;
-  torch::nn::Linear w_down;
+  Matrix w_gate_up;
+  Matrix w_down;
 
  private:
   Kernels kernels_;

@@ -4,7 +4,27 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+#include <utility>
+
 namespace mltrain {
+
+at::Tensor WeightOptions::make(at::IntArrayRef sizes) const {
+  if (bytes) return at::empty(sizes, tensor);
+  at::Tensor sized = at::empty({0}, tensor);
+  sized.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return sized;
+}
+
+MatrixImpl::MatrixImpl(int64_t rows, int64_t columns, const WeightOptions& options) {
+  at::Tensor matrix = options.make({rows, columns});
+  if (options.bytes && options.drawn) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(columns));
+    matrix.uniform_(-bound, bound);
+  }
+  weight = register_parameter("weight", std::move(matrix));
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;

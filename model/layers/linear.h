@@ -1,7 +1,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/modules/linear.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/ArrayRef.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 
@@ -9,10 +12,29 @@
 
 namespace mltrain {
 
-// The options of every projection in the model: in -> out features, no bias (LLaMA has none).
-inline torch::nn::LinearOptions bias_free_linear(int64_t in, int64_t out) {
-  return torch::nn::LinearOptions(in, out).bias(false);
-}
+// How a layer's weights are made: on `tensor`'s device, in its dtype, with bytes, or without any
+// (their sizes only, the storage empty, as ZeRO-3's freed units are: dist/unit_shards.h gives them
+// bytes before anything reads them). With bytes, a layer made on its own draws its matrices as
+// torch's Linear does (uniform within 1 / sqrt(columns)) unless `drawn` is false: the model
+// draws its own (LlamaImpl::initialize), once.
+struct WeightOptions {
+  at::TensorOptions tensor = at::kFloat;
+  bool bytes = true;
+  bool drawn = true;
+
+  // A tensor of `sizes`, its bytes (if any) as the allocator leaves them.
+  at::Tensor make(at::IntArrayRef sizes) const;
+};
+
+// A module that holds one [rows, columns] matrix, `weight`, and nothing else: a projection's
+// ([out, in], applied with project(); LLaMA's have no bias) or the token embedding table
+// ([vocab, d_model]).
+class MatrixImpl : public torch::nn::Module {
+ public:
+  MatrixImpl(int64_t rows, int64_t columns, const WeightOptions& options);
+  at::Tensor weight;
+};
+TORCH_MODULE(Matrix);
 
 // x [.., in] @ weight [out, in]^T, as at::linear without a bias. With Kernels::fused_cpu on the
 // CPU in fp32 outside autocast, and with Kernels::fused_cuda on CUDA in fp32 or under bf16

@@ -1,9 +1,11 @@
 #include "model/layers/llama.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -30,13 +32,24 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const RotaryImpl& rotary, int64_
   return {rotary.cos_at(positions), rotary.sin_at(positions)};
 }
 
+// A generator of its own for the parameter at `index` of a model built under `seed`: splitmix64
+// of the pair, so that neighbouring parameters' streams have nothing in common.
+at::Generator parameter_generator(uint64_t seed, size_t index) {
+  uint64_t mixed = seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(index) + 1);
+  mixed = (mixed ^ (mixed >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  mixed = (mixed ^ (mixed >> 27)) * 0x94D049BB133111EBULL;
+  return at::make_generator<at::CPUGeneratorImpl>(mixed ^ (mixed >> 31));
+}
+
 }  // namespace
 
-BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels)
-    : attn_norm(register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, kernels))),
-      attn(register_module("attn", Attention(config, kernels))),
-      ffn_norm(register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, kernels))),
-      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn, kernels))) {}
+BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options)
+    : attn_norm(
+          register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, kernels, options))),
+      attn(register_module("attn", Attention(config, kernels, options))),
+      ffn_norm(
+          register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, kernels, options))),
+      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn, kernels, options))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               int64_t start_pos, KVCache* cache, int64_t layer,
@@ -46,45 +59,62 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return h + ffn(normed);
 }
 
-LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels)
-    : token_embeddings(register_module(
-          "token_embeddings",
-          torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.d_model)))),
+LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights,
+                     c10::Device device)
+    : token_embeddings(nullptr),
       norm(nullptr),
       rotary(nullptr),
       config_(config),
-      kernels_(kernels) {
+      kernels_(kernels),
+      seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
   config_.validate();
+  const WeightOptions options{
+      .tensor = at::TensorOptions(at::kFloat)
+                    .device(weights == Weights::drawn ? c10::Device(c10::kCPU) : device),
+      .bytes = weights == Weights::drawn,
+      .drawn = false};
+  token_embeddings =
+      register_module("token_embeddings", Matrix(config.vocab_size, config.d_model, options));
   auto layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {
-    layers.push_back(Block(config, kernels));
+    layers.push_back(Block(config, kernels, options));
     layer_list->push_back(layers.back());
   }
-  norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps, kernels));
-  if (!config.tie_word_embeddings) {
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(bias_free_linear(config.d_model, config.vocab_size)));
-  }
+  norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps, kernels, options));
+  if (!config.tie_word_embeddings)
+    lm_head = register_module("lm_head", Matrix(config.vocab_size, config.d_model, options));
   rotary =
       register_module("rotary", Rotary(config.head_dim, config.max_seq_len, config.rope_theta));
-  init_weights();
+  if (weights == Weights::drawn) initialize();
 }
 
-void LlamaImpl::init_weights() {
+void LlamaImpl::initialize(const std::vector<at::Tensor>& parameters) {
   at::NoGradGuard no_grad;
   const double std = config_.init_std;
   const double residual_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layers));
-  token_embeddings->weight.normal_(0.0, std);
-  for (Block& block : layers) {
-    block->attn_norm->weight.fill_(1.0);
-    block->ffn_norm->weight.fill_(1.0);
-    block->attn->wqkv->weight.normal_(0.0, std);
-    block->attn->wo->weight.normal_(0.0, residual_std);
-    block->ffn->w_gate_up->weight.normal_(0.0, std);
-    block->ffn->w_down->weight.normal_(0.0, residual_std);
+  const auto wanted = [&](const at::Tensor& parameter) {
+    return parameters.empty() ||
+           std::any_of(parameters.begin(), parameters.end(), [&](const at::Tensor& given) {
+             return given.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl();
+           });
+  };
+  const auto named = named_parameters();
+  for (size_t index = 0; index < named.size(); ++index) {
+    const at::Tensor& parameter = named[index].value();
+    if (!wanted(parameter)) continue;
+    const std::string& name = named[index].key();
+    if (name.ends_with("norm.weight")) {
+      parameter.fill_(1.0);
+      continue;
+    }
+    const bool residual = name.ends_with("attn.wo.weight") || name.ends_with("ffn.w_down.weight");
+    // Drawn on the CPU in fp32 whatever the parameter's device: the same values everywhere.
+    const bool in_place =
+        parameter.is_cpu() && parameter.scalar_type() == at::kFloat && parameter.is_contiguous();
+    at::Tensor values = in_place ? parameter : at::empty(parameter.sizes(), at::kFloat);
+    values.normal_(0.0, residual ? residual_std : std, parameter_generator(seed_, index));
+    if (!in_place) parameter.copy_(values);
   }
-  norm->weight.fill_(1.0);
-  if (lm_head) lm_head->weight.normal_(0.0, std);
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens, int64_t start_pos, KVCache* cache) {
@@ -179,9 +209,9 @@ at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos
 at::Tensor LlamaImpl::embedding_rows(const at::Tensor& tokens) {
   const at::Tensor& table = token_embeddings->weight;
   const bool autocast = AutocastSettings::now(tokens.device().type()).enabled;
-  if (!autocast || table.scalar_type() == at::kFloat) return token_embeddings(tokens);
+  if (!autocast || table.scalar_type() == at::kFloat) return at::embedding(table, tokens);
   if (tokens.device().is_cpu()) return at::embedding(table.to(at::kFloat), tokens);
-  return token_embeddings(tokens).to(at::kFloat);
+  return at::embedding(table, tokens).to(at::kFloat);
 }
 
 at::Tensor LlamaImpl::head(const at::Tensor& h,

@@ -2,10 +2,9 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "model/kernels/kernels.h"
 #include "model/layers/attention.h"
 #include "model/layers/feed_forward.h"
+#include "model/layers/linear.h"
 #include "model/layers/model_config.h"
 #include "model/layers/rms_norm.h"
 #include "model/layers/rotary.h"
@@ -29,7 +29,7 @@ struct PackedDocuments;
 // checkpointing keeps.
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelConfig& config, Kernels kernels);
+  BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {});
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t start_pos, KVCache* cache, int64_t layer,
                      const DocumentAttention* documents = nullptr);
@@ -48,8 +48,16 @@ TORCH_MODULE(Block);
 // w_gate_up); hf_state_dict.h maps them to Hugging Face's.
 class LlamaImpl : public torch::nn::Module {
  public:
-  // `kernels`: the implementation every layer and the loss run (kernels.h).
-  LlamaImpl(const ModelConfig& config, Kernels kernels);
+  // Whether the weights are made drawn (on the CPU in fp32: initialize()), or with no bytes at
+  // all, on the device given, for ZeRO-3, which gives each unit bytes there and draws or loads its
+  // weights in turn (dist/unit_shards.h), so that no rank ever holds the whole model. The rotary
+  // tables are made on the CPU either way.
+  enum class Weights { drawn, none };
+
+  // `kernels`: the implementation every layer and the loss run (kernels.h). The initial weights
+  // are those of the seed the global CPU generator was last given (at::manual_seed).
+  LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights = Weights::drawn,
+            c10::Device device = c10::kCPU);
 
   // tokens [B, T] (int64) at positions [start_pos, start_pos + T) -> logits [B, T, vocab_size].
   // With a cache, every layer appends its keys and values and attends over the cached prefix; with
@@ -79,10 +87,13 @@ class LlamaImpl : public torch::nn::Module {
                   const PackedDocuments* documents = nullptr,
                   const at::Tensor& target_weights = {});
 
-  // Draws the initial weights from the current global torch generator: normal(0, init_std) for
-  // embeddings and projections, init_std / sqrt(2 n_layers) for the projections that write into
-  // the residual stream (wo, w_down), ones for the norms.
-  void init_weights();
+  // Draws the initial values of those of `parameters` that are the model's (all of them when
+  // empty): normal(0, init_std) for embeddings and projections, init_std / sqrt(2 n_layers) for
+  // the projections that write into the residual stream (wo, w_down), ones for the norms. Each
+  // parameter has a CPU generator of its own, seeded from the model's seed and the parameter's
+  // place in parameters(), so that a parameter's values are the same whichever others are drawn
+  // with it, in any order, on any device (ZeRO-3 draws one unit at a time).
+  void initialize(const std::vector<at::Tensor>& parameters = {});
 
   // Whether training recomputes each block's activations in backward instead of keeping them from
   // the forward pass (activation_checkpoint.h): the activations of one block are held at a time
@@ -105,10 +116,10 @@ class LlamaImpl : public torch::nn::Module {
   int64_t num_parameters() const;
   const at::Tensor& output_weight() const;
 
-  torch::nn::Embedding token_embeddings;
+  Matrix token_embeddings;  // [vocab_size, d_model]
   std::vector<Block> layers;
   RMSNorm norm;
-  torch::nn::Linear lm_head{nullptr};  // only when the embeddings are not tied
+  Matrix lm_head{nullptr};  // only when the embeddings are not tied
   Rotary rotary;
 
  private:
@@ -136,6 +147,7 @@ class LlamaImpl : public torch::nn::Module {
 
   ModelConfig config_;
   Kernels kernels_;
+  uint64_t seed_;  // the global CPU generator's when the model was built
   bool activation_checkpointing_ = false;
   std::shared_ptr<UnitHooks> unit_hooks_;
 };

@@ -10,8 +10,11 @@
 
 namespace mltrain {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels)
-    : weight(register_parameter("weight", at::ones({dim}))), eps_(eps), kernels_(kernels) {}
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels, const WeightOptions& options)
+    : weight(register_parameter(
+          "weight", options.bytes ? at::ones({dim}, options.tensor) : options.make({dim}))),
+      eps_(eps),
+      kernels_(kernels) {}
 
 namespace {
 

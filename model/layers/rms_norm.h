@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "model/kernels/kernels.h"
+#include "model/layers/linear.h"
 
 namespace mltrain {
 
@@ -17,7 +18,8 @@ namespace mltrain {
 // the projection that takes the result would cast it to; the composition gives fp32.
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps, Kernels kernels);
+  // The weight made as `options` say: ones where it has bytes.
+  RMSNormImpl(int64_t dim, double eps, Kernels kernels, const WeightOptions& options = {});
   at::Tensor forward(const at::Tensor& x);
 
   // (residual + delta, forward of that): a block's residual add and the norm after it. The fused

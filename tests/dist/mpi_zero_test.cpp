@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "dist/bucket_layout.h"
@@ -330,10 +332,11 @@ TEST(Zero1AdamW, TheGatheredStateIsWholeOnRankZeroAndLoadsBackIntoEveryRanksPart
 // With `gather_bf16`, its units are gathered in bf16, as under bf16 autocast.
 struct FullyShardedRun {
   explicit FullyShardedRun(const ModelConfig& config = testing::tiny_config(),
-                           bool gather_bf16 = false)
+                           bool gather_bf16 = false,
+                           LlamaImpl::Weights weights = LlamaImpl::Weights::drawn)
       : model([&] {
           at::manual_seed(7);
-          return Llama(config, Kernels::fused_cpu);
+          return Llama(config, Kernels::fused_cpu, weights);
         }()),
         optimizer(hf_parameters(model), model->unit_parameters(), *communicator, [&] {
           DataParallelOptions options;
@@ -602,6 +605,59 @@ TEST(UnitShards, UnderBf16TheUnitsAreGatheredAndRunInBf16AndKeptWholeInFp32) {
     EXPECT_EQ(seen.scalar_type(), at::kFloat);
     EXPECT_LE(testing::relative_error(seen, expected), 2e-2) << "unit " << u;
     EXPECT_FALSE(at::equal(seen, expected)) << "unit " << u;
+  }
+}
+
+// A model made without bytes is given its weights a unit at a time (the set-up's draw or load,
+// a rollback's): no more than one unit is ever whole and rank 0's values are every rank's, so
+// that the parts equal those of the model drawn whole and then cut, gathered in fp32 or in bf16.
+TEST(UnitShards, AModelMadeWithoutBytesIsFilledAUnitAtATimeWithRankZerosValues) {
+  ASSERT_GE(world.size, 2) << "run under mpirun -n 2 or more";
+  ModelConfig config = testing::tiny_config();
+  config.n_layers = 4;
+  for (const bool gather_bf16 : {false, true}) {
+    FullyShardedRun drawn(config, gather_bf16);
+    FullyShardedRun filled(config, gather_bf16, LlamaImpl::Weights::none);
+    UnitShards& shards = filled.optimizer.shards();
+    EXPECT_EQ(shards.whole_units(), 0);
+    int64_t largest_unit = 0;
+    for (size_t u = 0; u < shards.units(); ++u)
+      largest_unit = std::max(largest_unit, shards.layout(u).elements);
+    int64_t most_whole = 0;
+    int64_t fills = 0;
+    const CpuAllocationCounter counter;
+    filled.optimizer.fill_weights(filled.model->parameters(),
+                                  [&](const std::vector<at::Tensor>& parameters) {
+                                    most_whole = std::max(most_whole, shards.whole_units());
+                                    ++fills;
+                                    filled.model->initialize(parameters);
+                                    // Another rank's values are overwritten by rank 0's.
+                                    if (world.rank != 0) {
+                                      at::NoGradGuard no_grad;
+                                      for (const at::Tensor& parameter : parameters)
+                                        parameter.add_(1.0);
+                                    }
+                                  });
+    EXPECT_EQ(fills, static_cast<int64_t>(shards.units()));
+    EXPECT_LE(most_whole, 1) << "whole units at once while filling";
+    EXPECT_EQ(shards.whole_units(), 0);
+    // One unit whole in fp32 (and, gathered in bf16, once more at half the bytes), and nothing of
+    // the others.
+    EXPECT_LE(counter.peak_bytes(), (gather_bf16 ? 6 : 4) * largest_unit + 1024)
+        << "bytes held at once while filling";
+    EXPECT_LT(counter.peak_bytes(), 4 * filled.model->num_parameters());
+    for (size_t u = 0; u < shards.units(); ++u) {
+      EXPECT_TRUE(
+          at::equal(filled.optimizer.parts()[u].weights, drawn.optimizer.parts()[u].weights))
+          << "unit " << u << (gather_bf16 ? " in bf16" : " in fp32");
+    }
+    // Kept whole, the weights are the model drawn whole.
+    const WholeWeights drawn_whole(drawn.optimizer);
+    const WholeWeights filled_whole(filled.optimizer);
+    const std::vector<at::Tensor> expected = drawn.model->parameters();
+    const std::vector<at::Tensor> weights = filled.model->parameters();
+    for (size_t k = 0; k < weights.size(); ++k)
+      EXPECT_TRUE(at::equal(weights[k], expected[k])) << "parameter " << k;
   }
 }
 

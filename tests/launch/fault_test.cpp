@@ -402,7 +402,7 @@ TEST(Faults, RepeatedSpikesRollBackToTheCheckpointAndTrainPastTheirSamples) {
   }
 
   // Two ranks sharing the global batch, their optimizer state sharded (and at stage 3 their
-  // weights, which the rollback loads whole and shards again), roll back together: they end with
+  // weights, which the rollback fills a unit at a time), roll back together: they end with
   // the weights of the one rank.
   const NamedTensors one_rank_weights = load_safetensors(dir / "run" / last / "model.safetensors");
   for (const int stage : {1, 3}) {

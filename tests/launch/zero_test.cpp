@@ -355,6 +355,14 @@ TEST(ZeroStages, RankZerosPeakAllocationIsWhatThePlanGives) {
   // hold more than a model this small has).
   EXPECT_LT(peaks[1], peaks[0]);
   EXPECT_LT(peaks[3], peaks[1]);
+  // The set-up at stage 3 fills the weights a unit at a time, beside the parts: less than its
+  // training holds, and than stage 1's set-up, which makes the whole model on every rank (as
+  // stage 3's did, before cutting it: twice its training's peak here).
+  const auto setup_peak = [&](int stage) {
+    return by_step(dir / fmt::format("stage{}", stage), "setup_peak_memory_bytes").at(0);
+  };
+  EXPECT_LT(setup_peak(3), static_cast<double>(peaks[3]));
+  EXPECT_LT(setup_peak(3), setup_peak(1));
 
   // Under bf16 autocast at stage 3, the units whole at once in bf16 and no cast of the weights
   // (a bf16 copy of every weight, held from forward to backward, would be 2 bytes a parameter

@@ -38,7 +38,7 @@ at::Tensor repeat_kv_attention(AttentionImpl& attention, const ModelConfig& conf
   const at::Tensor scores = (q.matmul(k.transpose(-1, -2)) / std::sqrt(double(config.head_dim)))
                                 .masked_fill(future, -INFINITY);
   const at::Tensor out = scores.softmax(-1).matmul(v);
-  return attention.wo(out.transpose(1, 2).reshape({b, t, -1}));
+  return at::linear(out.transpose(1, 2).reshape({b, t, -1}), attention.wo->weight);
 }
 
 TEST(Attention, GroupedQueryThroughSdpaEqualsRepeatedKeyValues) {

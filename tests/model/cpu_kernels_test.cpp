@@ -422,7 +422,12 @@ TEST_F(FusedKernelLayers, LayersRunTheKernelsTheyAreBuiltWith) {
   EXPECT_EQ(node_name(rotated), node_name(rotate_leading_heads(heads, t.cos, t.sin, 2)));
   EXPECT_TRUE(at::equal(swiglu(gate_up, Kernels::aten), swiglu_composition(gate_up)));
   EXPECT_EQ(node_name(swiglu(gate_up, Kernels::aten)), node_name(swiglu_composition(gate_up)));
-  EXPECT_TRUE(at::equal(aten_ffn(x), aten_ffn->w_down(swiglu_composition(aten_ffn->w_gate_up(x)))));
+  // Within a rounding: the CPU's GEMM may round differently for operands at other addresses.
+  EXPECT_TRUE(
+      at::allclose(aten_ffn(x),
+                   at::linear(swiglu_composition(at::linear(x, aten_ffn->w_gate_up->weight)),
+                              aten_ffn->w_down->weight),
+                   1e-6, 1e-7));
 }
 
 }  // namespace

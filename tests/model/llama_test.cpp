@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "model/kernels/autocast_region.h"
 #include "tests/model/tiny_config.h"
@@ -74,6 +75,50 @@ TEST(Llama, SameSeedSameWeights) {
   Llama second(testing::tiny_config(), Kernels::fused_cpu);
   EXPECT_TRUE(
       at::equal(first->layers[1]->attn->wqkv->weight, second->layers[1]->attn->wqkv->weight));
+}
+
+// Each parameter is drawn from a generator of its own (the model's seed and its place): drawn
+// alone, in another order, its values are those of the whole model's draw, as ZeRO-3 draws one
+// unit at a time; and no two parameters of the same shape share values.
+TEST(Llama, EachParameterDrawnAloneEqualsTheWholeModelsDraw) {
+  ModelConfig config = testing::tiny_config();
+  config.tie_word_embeddings = false;
+  at::manual_seed(41);
+  Llama whole(config, Kernels::fused_cpu);
+  at::manual_seed(41);
+  Llama in_pieces(config, Kernels::fused_cpu);
+  const std::vector<at::Tensor> parameters = in_pieces->parameters();
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& parameter : parameters) parameter.zero_();
+  }
+  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) in_pieces->initialize({*it});
+  const std::vector<at::Tensor> expected = whole->parameters();
+  for (size_t k = 0; k < parameters.size(); ++k)
+    EXPECT_TRUE(at::equal(parameters[k], expected[k])) << "parameter " << k;
+  EXPECT_FALSE(at::equal(whole->layers[0]->attn->wo->weight, whole->layers[1]->attn->wo->weight));
+  EXPECT_FALSE(at::equal(whole->token_embeddings->weight, whole->lm_head->weight));
+  at::manual_seed(42);
+  Llama other_seed(config, Kernels::fused_cpu);
+  EXPECT_FALSE(
+      at::equal(other_seed->layers[0]->attn->wo->weight, whole->layers[0]->attn->wo->weight));
+}
+
+// Made without bytes, the model has every parameter's shape on the device given and holds
+// nothing: ZeRO-3 gives each unit bytes in turn.
+TEST(Llama, AModelMadeWithoutBytesHoldsNoneAndKeepsTheShapes) {
+  const ModelConfig config = testing::tiny_config();
+  Llama drawn(config, Kernels::fused_cpu);
+  Llama empty(config, Kernels::fused_cpu, LlamaImpl::Weights::none, at::kCPU);
+  const std::vector<at::Tensor> shapes = drawn->parameters();
+  const std::vector<at::Tensor> parameters = empty->parameters();
+  ASSERT_EQ(parameters.size(), shapes.size());
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    EXPECT_EQ(parameters[k].sizes(), shapes[k].sizes());
+    EXPECT_EQ(parameters[k].storage().nbytes(), 0u);
+    EXPECT_TRUE(parameters[k].requires_grad());
+  }
+  EXPECT_EQ(empty->num_parameters(), drawn->num_parameters());
 }
 
 TEST(Llama, ForwardGivesLogitsPerPosition) {

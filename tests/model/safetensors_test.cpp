@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "model/interop/hf_state_dict.h"
+#include "model/interop/weight_files.h"
 #include "tests/model/tiny_config.h"
 #include "tests/support/test_support.h"
 
@@ -351,6 +352,41 @@ TEST(HfStateDict, FailedLoadLeavesTheModelUnchanged) {
   state.erase("model.norm.weight");
   EXPECT_THROW(load_hf_state_dict(model, state, "x"), UserError);
   EXPECT_TRUE(at::equal(model->layers[0]->attn->wqkv->weight, before));
+}
+
+// Read from a file a tensor at a time, the weights of some parameters land in them and no other
+// changes (ZeRO-3 loads a unit at a time); a file that does not match the whole model changes
+// nothing, whichever parameters were asked for.
+TEST(HfStateDict, WeightsOfSomeParametersAreReadFromAFileAlone) {
+  TemporaryDirectory dir;
+  at::manual_seed(4);
+  Llama saved(testing::tiny_config(), Kernels::fused_cpu);
+  save_model_weights(saved, dir / "model.safetensors");
+  at::manual_seed(5);
+  Llama model(testing::tiny_config(), Kernels::fused_cpu);
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& parameter : model->parameters()) before.push_back(parameter.clone());
+  const at::Tensor& wanted = model->layers[1]->attn->wqkv->weight;
+  load_hf_weights(model, WeightFiles(dir / "model.safetensors"), {wanted});
+  EXPECT_TRUE(at::equal(wanted, saved->layers[1]->attn->wqkv->weight));
+  const std::vector<at::Tensor> after = model->parameters();
+  int changed = 0;
+  for (size_t k = 0; k < after.size(); ++k) changed += at::equal(after[k], before[k]) ? 0 : 1;
+  EXPECT_EQ(changed, 1);
+
+  NamedTensors state = hf_state_dict(saved);
+  state.erase("model.norm.weight");
+  save_state_dict(state, dir / "short.safetensors");
+  const at::Tensor& other = model->layers[0]->ffn->w_down->weight;
+  const at::Tensor other_before = other.clone();
+  try {
+    load_hf_weights(model, WeightFiles(dir / "short.safetensors"), {other});
+    ADD_FAILURE() << "a file without model.norm.weight loaded";
+  } catch (const UserError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "short.safetensors does not match the model");
+    EXPECT_CONTAINS(std::string(error.what()), "missing model.norm.weight");
+  }
+  EXPECT_TRUE(at::equal(other, other_before));
 }
 
 }  // namespace

@@ -58,13 +58,15 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   EXPECT_EQ(sharded.optimizer, 8 * eighth);
   EXPECT_EQ(sharded.gradients, 4 * p + 4 * eighth);  // the buckets, and this rank's averaged part
   EXPECT_EQ(sharded.total() - plain.total(), 8 * eighth + 4 * eighth - 8 * p);
-  // Resuming reads the weights whole and this rank's eighth of the state.
-  EXPECT_EQ(sharded.checkpoint_host, 4 * p);
+  // Resuming reads the weights a tensor at a time (the largest, the embedding, 4096 x 512) and
+  // this rank's eighth of the state, which is more.
+  EXPECT_EQ(sharded.checkpoint_host, std::max<int64_t>(4 * 4096 * 512, 8 * eighth));
+  EXPECT_EQ(sharded.checkpoint_host, 8 * eighth);
   EXPECT_CONTAINS(describe(sharded), "this rank's part of the state");
 
   // Asynchronous checkpoints keep rank 0's copy of what it writes on the host: the fp32 weights
   // and both moments; at stage 1 the weights and its eighth of the moments, more than resuming
-  // reads; at stage 3 its eighths, less than the weights that resuming reads whole.
+  // reads; at stage 3 its eighths of both.
   config.train.async_checkpoint = true;
   const auto async_host = [&](int stage) {
     config.dist.zero_stage = stage;
@@ -74,7 +76,7 @@ TEST(MemoryPlan, CountsTheBaseModelsWeightsGradientsAndOptimizerState) {
   };
   EXPECT_EQ(async_host(0), 12 * p);
   EXPECT_EQ(async_host(1), 4 * p + 8 * eighth);
-  EXPECT_EQ(async_host(3), 4 * p);
+  EXPECT_EQ(async_host(3), 12 * eighth);
   config.dist.zero_stage = 1;
   const MemoryPlan async =
       plan_memory(config, {.ranks = 8, .cuda = true, .bf16 = true, .device_memory = std::nullopt});
@@ -131,8 +133,22 @@ TEST(MemoryPlan, ShardedWeightsUnderBf16AreGatheredInBf16AndNeverCast) {
   EXPECT_EQ(fp32.weights - bf16.weights, 2 * whole_at_once);
   EXPECT_EQ(fp32.gradients - bf16.gradients, 2 * embedding);
   EXPECT_EQ(plan(0, true).working - bf16.working, 2 * p);
-  EXPECT_EQ(bf16.whole_between_steps, 4 * p - 2 * whole_at_once);
   EXPECT_CONTAINS(describe(bf16), "the units whole at once in bf16");
+
+  // The set-up fills the weights a unit at a time: the largest unit whole in fp32 (and in bf16),
+  // beyond the units whole at once in training that the weights count. For the base model the
+  // largest unit is a block: in fp32 nothing beyond them, in bf16 a little. With a vocabulary of
+  // 65,536 the embedding's unit (with the final norm) is the largest, and the CPU also reads a
+  // parameter in fp32.
+  EXPECT_EQ(fp32.unit_filled, 0);
+  EXPECT_EQ(bf16.unit_filled, 6 * model.block_parameters() - 2 * whole_at_once);
+  config.model.vocab_size = 65536;
+  const int64_t big_unit = 65536 * model.d_model + model.d_model;
+  const int64_t big_whole_at_once = big_unit + 2 * model.block_parameters();
+  EXPECT_EQ(plan(3, true).unit_filled, 6 * big_unit - 2 * big_whole_at_once);
+  const MemoryPlan on_cpu = plan_memory(
+      config, {.ranks = 8, .cuda = false, .bf16 = false, .device_memory = std::nullopt});
+  EXPECT_EQ(on_cpu.unit_filled, 4 * big_unit + 4 * 65536 * model.d_model - 4 * big_whole_at_once);
 }
 
 // Muon keeps one momentum per block matrix (AdamW two moments of the rest), shards whole

@@ -18,6 +18,7 @@
 #include "common/input_file.h"
 #include "model/interop/hf_state_dict.h"
 #include "model/interop/safetensors.h"
+#include "model/interop/weight_files.h"
 
 namespace mltrain {
 namespace {
@@ -212,7 +213,10 @@ TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama&
         (checkpoint / "state.json").string(), progress.tokens_seen, progress.samples_consumed,
         config.model.max_seq_len));
   }
-  load_model_weights(model, checkpoint / "model.safetensors");
+  const WeightFiles weights(checkpoint / "model.safetensors");
+  optimizer.fill_weights(model->parameters(), [&](const std::vector<at::Tensor>& parameters) {
+    load_hf_weights(model, weights, parameters);
+  });
   // A sharded state is read part by part, each rank its own; any other whole.
   const std::filesystem::path state_file = checkpoint / "optimizer.safetensors";
   const SafetensorsReader state_reader(state_file);

@@ -3,6 +3,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +85,16 @@ class Optimizer {
   // what reads or writes the whole model between steps. Nothing where the weights are whole.
   virtual void make_weights_whole() {}
   virtual void shard_weights() {}
+
+  // Gives the weights their values through `fill`, called with the parameters it is to write
+  // (the same values on every rank: drawn from the model's seed, or read from a file): all of
+  // `parameters` (the model's) at once where every rank holds the whole weights; under ZeRO-3 a
+  // unit at a time, each rank keeping its part (dist/unit_shards.h's fill), so that the set-up
+  // and a rollback hold one unit whole, not the model.
+  using WeightsFill = std::function<void(const std::vector<at::Tensor>& parameters)>;
+  virtual void fill_weights(const std::vector<at::Tensor>& parameters, const WeightsFill& fill) {
+    fill(parameters);
+  }
 };
 
 // The whole weights for as long as it lives (Optimizer::make_weights_whole), then each rank's

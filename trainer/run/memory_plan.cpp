@@ -273,11 +273,18 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   const double gathered_bytes = target.bf16 ? 2 : 4;
   plan.weights = (plan.weights_sharded ? 4 * part + gathered_bytes * whole_units : 4 * values) +
                  8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
-  // The set-up (each rank builds or loads the whole model before taking its parts) and a
-  // rollback's load hold every unit whole beside the parts; evaluating gathers them unit by unit,
-  // as training does, and saving gathers nothing (each rank writes its parts, where the ranks share
-  // the run directory).
-  if (plan.weights_sharded) plan.whole_between_steps = 4 * values - gathered_bytes * whole_units;
+  // The set-up and a rollback's load fill the weights a unit at a time (UnitShards::fill): the
+  // largest unit whole in fp32 (gathered in another dtype, that tensor too, made for the
+  // parameters to view), and on the CPU a parameter's values as the file gives them, in fp32 at
+  // most (on CUDA they are read into the host's memory). The weights line counts the units whole at
+  // once, which are not at that time. Evaluating gathers the units as training does, and saving
+  // gathers nothing (each rank writes its parts, where the ranks share the run directory).
+  if (plan.weights_sharded) {
+    const double read = target.cuda ? 0 : 4 * largest_parameter(model);
+    plan.unit_filled =
+        std::max(0.0, (4 + (target.bf16 ? gathered_bytes : 0)) * largest_unit(model) + read -
+                          gathered_bytes * whole_units);
+  }
   plan.gradients_sharded = shards_gradients(config, target.ranks);
   // Whole gradients: every bucket, or with the gradients sharded those in use (released_buckets;
   // with the weights sharded, the buckets are the units whole at once, and one parameter's
@@ -317,13 +324,14 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   plan.working = working_bytes(model, tokens, path, plan.activation_checkpointing);
   if (config.optim.name == "muon") plan_muon(config, plan);
   plan.optimizer = plan.sharded ? plan.optimizer_sharded : plan.optimizer_unsharded;
-  // What resuming reads: the weights whole, then the state whole or, where AdamW's is sharded,
-  // this rank's part of it; or with train.async_checkpoint, when larger, rank 0's copy of what it
-  // writes, held from the first checkpoint on: the weights and the state, or its parts of them
-  // where they are sharded (Muon's state is gathered whole).
+  // What resuming reads: the weights a tensor at a time, then the state whole or, where AdamW's is
+  // sharded, this rank's part of it; or with train.async_checkpoint, when larger, rank 0's copy of
+  // what it writes, held from the first checkpoint on: the weights and the state, or its parts of
+  // them where they are sharded (Muon's state is gathered whole).
   plan.state_read_in_parts = plan.sharded && !plan.muon;
   plan.checkpoint_host =
-      std::max(4 * values, plan.state_read_in_parts ? plan.optimizer : plan.optimizer_unsharded);
+      std::max(4 * largest_parameter(model),
+               plan.state_read_in_parts ? plan.optimizer : plan.optimizer_unsharded);
   if (config.train.async_checkpoint) {
     plan.async_checkpoint = true;
     const double weights_copy = plan.weights_sharded ? 4 * part : 4 * values;
@@ -361,8 +369,8 @@ std::string describe(const MemoryPlan& plan) {
                    gb(plan.activations_kept_all), gb(plan.activations_checkpointed)));
   line("working (casts, logits, recompute)", plan.working, "");
   if (plan.weights_sharded) {
-    line("whole weights between steps", plan.whole_between_steps,
-         "the set-up and a rollback hold every unit, in place of the activations");
+    line("a unit filled between steps", plan.unit_filled,
+         "the set-up and a rollback make one unit whole at a time, in place of the activations");
   }
   if (plan.target.device_memory) {
     line("total", plan.total(),
@@ -375,7 +383,8 @@ std::string describe(const MemoryPlan& plan) {
        plan.async_checkpoint ? "not in the total: the larger of rank 0's copy of what it writes in "
                                "the background and what resuming reads"
        : plan.state_read_in_parts
-           ? "not in the total: resuming reads the weights whole and this rank's part of the state"
+           ? "not in the total: resuming reads the weights a tensor at a time and this rank's part "
+             "of the state"
            : "not in the total: every rank reads the whole state to resume");
   text.pop_back();  // the caller ends the last line
   return text;

@@ -56,13 +56,12 @@ struct MemoryPlan {
   bool async_checkpoint = false;     // train.async_checkpoint
   bool state_read_in_parts = false;  // a sharded AdamW state: each rank reads its part
 
-  // Sharded weights (dist.zero_stage 3): the whole weights, which the set-up and a rollback's load
-  // hold on every rank beside the parts, when no activation is held.
-  double whole_between_steps = 0;
+  // Sharded weights (dist.zero_stage 3): what the set-up and a rollback's load hold beyond the
+  // weights line while they fill the weights a unit at a time, when no activation is held.
+  double unit_filled = 0;
 
   double total() const {
-    return runtime + weights + gradients + optimizer +
-           std::max(activations + working, whole_between_steps);
+    return runtime + weights + gradients + optimizer + std::max(activations + working, unit_filled);
   }
   bool fits() const { return !target.device_memory || total() <= *target.device_memory; }
 };

@@ -186,9 +186,12 @@ double muon_lr_ratio(const OptimConfig& optim) {
   return optim.lr > 0 ? optim.muon_lr / optim.lr : 0.0;
 }
 
-void load_init_from(Llama& model, const std::string& directory) {
-  check_init_from(directory, model->config());
-  load_hf_model(model, directory);
+// Through the optimizer, which under ZeRO-3 takes them a unit at a time.
+void load_init_from(Llama& model, Optimizer& optimizer, const std::string& directory) {
+  const WeightFiles files = open_hf_model(model->config(), directory);
+  optimizer.fill_weights(model->parameters(), [&](const std::vector<at::Tensor>& parameters) {
+    load_hf_weights(model, files, parameters);
+  });
   spdlog::info("starting from the weights of {} (model.init_from)", directory);
 }
 
@@ -207,7 +210,8 @@ class TrainingRun {
   void build_model();
   void build_optimizer();
   void restore_state(const std::string& resume);
-  void agree_across_ranks();
+  void agree_on_config();
+  void agree_on_weights();
   void start_data();
   void open_outputs();
   void open_profiler();
@@ -233,6 +237,8 @@ class TrainingRun {
   void settle_stop_vote();
   void note_write_failure();
   int64_t peak_memory() const;
+  // ZeRO-3's: the model is made without bytes and filled a unit at a time (build_model).
+  bool weights_without_bytes() const { return shards_weights(config_, world_.size); }
   std::optional<std::filesystem::path> settle_checkpoint_writes();
   [[noreturn]] void fail_write(const std::string& failure) const;
 
@@ -328,15 +334,13 @@ TrainingRun::TrainingRun(const Config& config, const std::string& resume, const 
   // The build steps, in the order their needs give. Each says what it needs.
   check_data();
   open_flight_records();
+  agree_on_config();
   check_memory_plan();
   prepare_run_directory(resume);
   build_model();
   build_optimizer();
   restore_state(resume);
-  agree_across_ranks();
-  // Under ZeRO-3 each rank keeps its part of the weights from here on: what was loaded into them
-  // and broadcast is every rank's.
-  optimizer_->shard_weights();
+  agree_on_weights();
   start_data();
   open_outputs();
 }
@@ -432,7 +436,11 @@ void TrainingRun::prepare_run_directory(const std::string& resume) {
 // the device, and activation checkpointing.
 void TrainingRun::build_model() {
   at::manual_seed(config_.data.seed);
-  model_ = Llama(config_.model, choose_kernels(config_.train.kernels, device_));
+  // Under ZeRO-3 without bytes: restore_state draws or loads them a unit at a time, each rank
+  // keeping its part, so that no rank ever holds the whole model.
+  model_ = Llama(config_.model, choose_kernels(config_.train.kernels, device_),
+                 weights_without_bytes() ? LlamaImpl::Weights::none : LlamaImpl::Weights::drawn,
+                 device_);
   model_->to(device_);
   model_->set_activation_checkpointing(config_.train.activation_checkpointing);
   parameters_ = model_->parameters();
@@ -492,7 +500,11 @@ void TrainingRun::restore_state(const std::string& resume) {
   } else if (!config_.init_from.empty()) {
     // Every rank loads and checks the directory, so that a bad one fails on all of them alike;
     // rank 0's weights are broadcast all the same.
-    load_init_from(model_, config_.init_from);
+    load_init_from(model_, *optimizer_, config_.init_from);
+  } else if (weights_without_bytes()) {
+    optimizer_->fill_weights(parameters_, [&](const std::vector<at::Tensor>& parameters) {
+      model_->initialize(parameters);
+    });
   }
   if (!lineage_) lineage_.emplace(std::nullopt);
   schedule_.emplace(config_.train, progress_.step);
@@ -553,7 +565,8 @@ void TrainingRun::open_profiler() {
 
 // Needs the model's final weights on every rank. Every rank must train the same model on the same
 // config: rank 0's weights are broadcast, and the configs are compared by hash.
-void TrainingRun::agree_across_ranks() {
+// Before the first collective that the config shapes (the model's units under ZeRO-3).
+void TrainingRun::agree_on_config() {
   if (world_.size == 1) return;
   const std::string yaml = config_to_yaml(config_);
   const at::Tensor config_bytes =
@@ -561,6 +574,17 @@ void TrainingRun::agree_across_ranks() {
   if (!same_on_all_ranks({config_bytes}, *communicator_)) {
     throw UserError(
         "the ranks were given different configs: start every rank with the same file and --set");
+  }
+}
+
+// Rank 0's weights on every rank. Under ZeRO-3 each unit was broadcast as it was made
+// (UnitShards::fill), within each group of dist.shard_ranks.
+void TrainingRun::agree_on_weights() {
+  if (world_.size == 1) return;
+  if (weights_without_bytes()) {
+    spdlog::info("{} ranks agree on the config; each unit of rank 0's {} weights broadcast",
+                 world_.size, model_->num_parameters());
+    return;
   }
   at::NoGradGuard no_grad;
   for (const at::Tensor& parameter : parameters_) communicator_->broadcast(parameter, 0);
@@ -623,6 +647,7 @@ void TrainingRun::announce() {
                      {"tokens_per_step", tokens_per_step_},
                      {"world_size", world_.size},
                      {"optimizer_state_bytes", optimizer_->state_bytes()},
+                     {"setup_peak_memory_bytes", peak_memory()},
                      {"device", describe_device(device_)}});
   }
 }
@@ -742,8 +767,7 @@ void TrainingRun::run() {
   }
   announce();
   install_stop_handlers();
-  // The peak memory logged is the training's, not the set-up's (which under ZeRO-3 holds the whole
-  // weights until they are sharded).
+  // The peak memory logged is the training's; the set-up's is in the start record.
   if (cpu_allocations_) {
     cpu_allocations_->reset_peak();
   } else {
@@ -905,8 +929,6 @@ void TrainingRun::roll_back(int64_t step, const std::string& bad_steps) {
   loader_.reset();
   std::optional<TrainingProgress> restored;
   std::string load_failure;
-  // Gathering is a collective: a failure of it ends the run as any collective's does.
-  const WholeWeights whole(*optimizer_);
   try {
     restored = checkpoints_.resume(checkpoint.string(), model_, *optimizer_, config_);
   } catch (const std::exception& error) {
