@@ -328,16 +328,36 @@ int64_t part_numel(const at::Tensor& whole, int size) {
   return whole.numel() / size;
 }
 
-bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator) {
+namespace {
+
+// 32 bits of the hash of the tensors' bytes: exact in a double, and in a sum of many.
+double hash_of(const std::vector<at::Tensor>& tensors) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   for (const at::Tensor& tensor : tensors) {
     const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
     XXH3_64bits_update(state, bytes.data_ptr(), bytes.nbytes());
   }
-  // 32 bits of the hash: exact in the double that all_reduce_sum carries.
   const double hash = static_cast<double>(XXH3_64bits_digest(state) & 0xFFFFFFFFu);
   XXH3_freeState(state);
+  return hash;
+}
+
+}  // namespace
+
+bool same_across_replicas(const std::vector<at::Tensor>& tensors, Communicator& sharded,
+                          Communicator& everyone) {
+  const double hash = hash_of(tensors);
+  const c10::Device device = tensors.empty() ? c10::Device(c10::kCPU) : tensors.front().device();
+  // The replicas' average of integers below 2^32: exactly this rank's hash where all agree.
+  const at::Tensor probe = at::full({1}, hash, at::TensorOptions(at::kDouble).device(device));
+  sharded.average_across_replicas(probe)->wait();
+  const bool differs = probe.item<double>() != hash;
+  return everyone.all_reduce_sum(differs ? 1.0 : 0.0) == 0.0;
+}
+
+bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator) {
+  const double hash = hash_of(tensors);
   const double leader_hash = communicator.all_reduce_sum(communicator.rank() == 0 ? hash : 0.0);
   return communicator.all_reduce_sum(hash == leader_hash ? 0.0 : 1.0) == 0.0;
 }

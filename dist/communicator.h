@@ -159,6 +159,12 @@ void check_scatter_shapes(const at::Tensor& input, const at::Tensor& output, int
 // Whether every rank holds the same bytes in `tensors`, compared through a hash. A collective.
 bool same_on_all_ranks(const std::vector<at::Tensor>& tensors, Communicator& communicator);
 
+// Whether `tensors` hold the same bytes on every replica of hybrid sharding (`sharded`'s
+// average_across_replicas: the ranks of other groups that hold the same part), each rank's own,
+// which differ within a group. Every rank of `everyone` gets the same answer.
+bool same_across_replicas(const std::vector<at::Tensor>& tensors, Communicator& sharded,
+                          Communicator& everyone);
+
 // The communicator for `world` whose tensors live on `device`, for dist.backend `backend` (auto,
 // nccl or mpi): the identity for a world of one not started by an MPI launcher, else NCCL for CUDA
 // tensors, and for CPU tensors MPI under an MPI launcher or Gloo under the others (set up at the

@@ -6,6 +6,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <utility>
 
@@ -25,7 +26,8 @@ UnitShards::UnitShards(std::vector<at::Tensor> parameters, std::vector<BucketLay
     : parameters_(std::move(parameters)),
       order_(std::move(order)),
       communicator_(communicator),
-      gather_dtype_(gather_dtype) {
+      gather_dtype_(gather_dtype),
+      backward_reads_(order_.size(), true) {
   for (const size_t unit : order_)
     if (unit >= units.size()) throw std::invalid_argument("UnitShards: a position of no unit");
   at::NoGradGuard no_grad;
@@ -104,6 +106,7 @@ void UnitShards::gather(size_t index) {
   at::NoGradGuard no_grad;
   unit.whole.narrow(0, part_begin(index), unit.part.numel()).copy_(unit.part);
   unit.gathering = communicator_.all_gather(unit.whole);
+  ++gathers_;
   // Only now: a gather that failed to start leaves the unit freed, not whole with one part.
   unit.has_bytes = true;
   most_whole_ = std::max(most_whole_, whole_units());
@@ -164,8 +167,9 @@ void UnitShards::before_forward(size_t position) {
   if (position + 1 < order_.size()) gather(order_[position + 1]);
 }
 
-void UnitShards::after_forward(size_t position, bool backward_follows) {
+void UnitShards::after_forward(size_t position, bool backward_follows, bool backward_reads) {
   std::lock_guard lock(mutex_);
+  backward_reads_.at(position) = backward_reads;
   if (kept_whole_) return;
   const bool last = position + 1 == order_.size();
   if (read_after(position) || (last && backward_follows)) return;
@@ -180,7 +184,7 @@ void UnitShards::before_backward(size_t position) {
   if (kept_whole_) return;
   const size_t unit = order_.at(position);
   wait_whole(unit);
-  if (position == 0) return;
+  if (position == 0 || !backward_reads_[position - 1]) return;
   const size_t previous = order_[position - 1];
   const bool after_is_whole = position + 1 < order_.size() && !read_twice(order_[position + 1]) &&
                               units_[order_[position + 1]].has_bytes;
@@ -283,15 +287,32 @@ void UnitShards::fill(const Fill& fill) {
     // The padding past the members goes into the last part: zeros, as the constructor leaves it.
     flat.zero_();
     view_parameters(unit, flat);
-    fill(members(unit));
-    communicator_.broadcast(flat, 0);
-    unit.part.copy_(flat.narrow(0, part_begin(u), unit.part.numel()));
+    // Every rank learns whether every rank's fill went through before any broadcast, so that a
+    // failure on one (a file it cannot read) ends them all alike, the unit as it was.
+    std::exception_ptr failure;
+    try {
+      fill(members(unit));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const bool all_filled = communicator_.all_reduce_sum(failure ? 1.0 : 0.0) == 0.0;
+    if (all_filled) {
+      communicator_.broadcast(flat, 0);
+      unit.part.copy_(flat.narrow(0, part_begin(u), unit.part.numel()));
+    }
     if (casts()) {
       view_freed(unit);
     } else {
       free(unit);
     }
+    if (failure) std::rethrow_exception(failure);
+    if (!all_filled) throw std::runtime_error("another rank could not fill its weights");
   }
+}
+
+int64_t UnitShards::gathers() const {
+  std::lock_guard lock(mutex_);
+  return gathers_;
 }
 
 int64_t UnitShards::whole_units() const {

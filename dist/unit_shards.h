@@ -65,9 +65,12 @@ class UnitShards {
   // the next position's on its way.
   void before_forward(size_t position);
   // After it: its unit freed, unless a later position reads it too, or backward begins here
-  // (`backward_follows` at the last position).
-  void after_forward(size_t position, bool backward_follows);
-  // Before a position's backward: its unit whole, and the previous position's on its way.
+  // (`backward_follows` at the last position). A position whose backward reads no weights
+  // (`backward_reads`: the embedding's, whose gradient needs only the tokens) is not gathered in
+  // backward: an untied embedding is all-gathered once a micro-step, not twice.
+  void after_forward(size_t position, bool backward_follows, bool backward_reads = true);
+  // Before a position's backward: its unit whole, and the previous position's on its way where
+  // its backward reads it.
   void before_backward(size_t position);
   // Once backward has given every gradient of `unit`: nothing reads its whole weights any more.
   void release(size_t unit);
@@ -84,10 +87,13 @@ class UnitShards {
 
   // Writes the weights through `fill`, called once per unit with the unit's parameters, which it
   // is to give their values (the same on every rank: drawn from the model's seed, or read from a
-  // file): the unit whole in fp32 meanwhile, then rank 0's values broadcast and each rank's part
-  // taken, and the unit freed. So at most one unit is ever whole, where building or loading the
-  // whole model and then cutting it would hold all of them (the set-up's initial draw or load, a
-  // rollback's). Kept whole, the parameters are written in place. A collective.
+  // file): the unit whole in fp32 meanwhile, then rank 0's values broadcast (within the group,
+  // under hybrid sharding) and each rank's part taken, and the unit freed. So at most one unit is
+  // ever whole, where building or loading the whole model and then cutting it would hold all of
+  // them (the set-up's initial draw or load, a rollback's). Where `fill` throws on any rank, every
+  // rank throws before the unit's part changes (the other ranks' error says another rank failed).
+  // Kept whole, the parameters are written in place, with no broadcast. A collective; `fill` runs
+  // under the shards' lock and so must not run the model.
   using Fill = std::function<void(const std::vector<at::Tensor>& parameters)>;
   void fill(const Fill& fill);
   // The dtype the units are all-gathered and computed in while the ranks train.
@@ -95,6 +101,8 @@ class UnitShards {
 
   // Whether `unit`'s all-gather is in flight: started, not yet waited for.
   bool gathering(size_t unit) const { return units_.at(unit).gathering != nullptr; }
+  // The all-gathers started since the shards were made.
+  int64_t gathers() const;
   // How many units are whole now, and the most that were at once since reset_most_whole().
   int64_t whole_units() const;
   int64_t most_whole_units() const;
@@ -129,6 +137,8 @@ class UnitShards {
   at::ScalarType gather_dtype_;
   bool kept_whole_ = true;
   std::optional<size_t> deferred_gather_;  // backward's prefetch, once the unit after goes
+  std::vector<bool> backward_reads_;       // by position, as the last forward said
+  int64_t gathers_ = 0;
   int64_t most_whole_ = 0;
   mutable std::mutex mutex_;  // backward's hooks may run on autograd's device threads
 };

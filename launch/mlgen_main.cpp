@@ -336,8 +336,10 @@ int main(int argc, char** argv) {
     }
     const mltrain::Tokenizer tokenizer(tokenizer_file);
     mltrain::check_weights_can_fill(config.model, config_file.string(), weights);
-    mltrain::Llama model(config.model, mltrain::choose_kernels(config.train.kernels, device));
+    mltrain::Llama model(config.model, mltrain::choose_kernels(config.train.kernels, device),
+                         mltrain::LlamaImpl::Weights::drawn, c10::kCPU, config.lora);
     mltrain::load_model_weights(model, weights);
+    model->merge_adapters();  // a LoRA run's adapters, once, rather than in every product
     model->to(device);
     model->eval();
 

@@ -5,6 +5,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,9 +43,34 @@ std::vector<BlockParameter> block_parameters(const ModelConfig& config) {
   };
 }
 
+// The Hugging Face projection that each of lora.targets names.
+const std::map<std::string_view, std::string_view>& adapted_projections() {
+  static const std::map<std::string_view, std::string_view> projections = {
+      {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"},
+      {"o", "self_attn.o_proj"}, {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"},
+      {"down", "mlp.down_proj"}};
+  return projections;
+}
+
+// A LoRA parameter's name inside its block ("attn.wqkv_lora.q_A": model/layers/lora.h) as PEFT
+// names it on the projection it adapts ("self_attn.q_proj.lora_A.weight"); none for another.
+std::optional<std::string> hf_adapter_name(std::string_view name) {
+  if (name.find("_lora.") == std::string_view::npos) return std::nullopt;
+  const std::string_view parameter = name.substr(name.rfind('.') + 1);
+  const size_t underscore = parameter.rfind('_');
+  return fmt::format("{}.lora_{}.weight", adapted_projections().at(parameter.substr(0, underscore)),
+                     parameter.substr(underscore + 1));
+}
+
+bool is_hf_adapter_name(std::string_view name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
 // `name`, a parameter inside block `prefix` ("model.layers.3."), under Hugging Face's names.
 NamedParameter hf_block_parameter(const std::string& prefix, std::string_view name,
                                   const at::Tensor& tensor, const ModelConfig& config) {
+  if (const auto adapter = hf_adapter_name(name))
+    return unfused_parameter(prefix + *adapter, tensor);
   for (const BlockParameter& known : block_parameters(config)) {
     if (name != known.ours) continue;
     if (known.parts.empty()) return unfused_parameter(prefix + std::string(known.theirs), tensor);
@@ -61,6 +89,11 @@ NamedParameter hf_block_parameter(const std::string& prefix, std::string_view na
   throw std::logic_error(fmt::format("no Hugging Face name for parameter {}", name));
 }
 
+bool holds_adapters(const std::map<std::string, SafetensorsEntry>& entries) {
+  return std::any_of(entries.begin(), entries.end(),
+                     [](const auto& entry) { return is_hf_adapter_name(entry.first); });
+}
+
 std::string shape_text(at::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -69,12 +102,15 @@ std::string shape_text(at::IntArrayRef shape) {
 // name, from their shapes alone (a parameter without bytes has them): missing, unexpected, wrongly
 // shaped or non-floating tensors are one UserError that names `source` and lists every offending
 // key. The rotary tables that older transformers saved are passed over: they hold nothing that
-// config.json does not.
+// config.json does not. The model's LoRA adapters are expected only where the entries hold some
+// (a checkpoint of a LoRA run; a Hugging Face model has none, and the adapters keep their draw).
 void check_against_model(const Llama& model, const std::map<std::string, SafetensorsEntry>& entries,
                          const std::string& source) {
   std::vector<std::string> problems;
   std::map<std::string, std::vector<int64_t>> expected;
+  const bool adapters = holds_adapters(entries);
   for (const NamedParameter& parameter : hf_parameters(model)) {
+    if (!adapters && is_hf_adapter_name(parameter.name)) continue;
     for (const ParameterPart& part : parameter.parts) {
       std::vector<int64_t> shape = parameter.tensor.sizes().vec();
       shape.front() = part.rows;
@@ -98,6 +134,10 @@ void check_against_model(const Llama& model, const std::map<std::string, Safeten
     problems.push_back(name == "lm_head.weight"
                            ? "unexpected lm_head.weight (this model ties it to the embeddings: "
                              "model.tie_word_embeddings)"
+                       : is_hf_adapter_name(name)
+                           ? fmt::format("unexpected {} (LoRA's: set the run's lora.rank, alpha "
+                                         "and targets)",
+                                         name)
                            : fmt::format("unexpected {}", name));
   }
   if (!problems.empty()) {
@@ -148,14 +188,18 @@ void load_hf_state_dict(Llama& model, const NamedTensors& tensors, const std::st
                   .name = name, .dtype = tensor.scalar_type(), .shape = tensor.sizes().vec()});
   }
   check_against_model(model, entries, source);
+  const bool adapters = holds_adapters(entries);
   at::NoGradGuard no_grad;
-  for (const auto& [name, parameter] : hf_state_dict(model)) parameter.copy_(tensors.at(name));
+  for (const auto& [name, parameter] : hf_state_dict(model))
+    if (adapters || !is_hf_adapter_name(name)) parameter.copy_(tensors.at(name));
 }
 
 void load_hf_weights(Llama& model, const WeightFiles& files,
                      const std::vector<at::Tensor>& parameters) {
   check_against_model(model, files.entries(), files.source());
+  const bool adapters = holds_adapters(files.entries());
   for (const NamedParameter& parameter : hf_parameters(model)) {
+    if (!adapters && is_hf_adapter_name(parameter.name)) continue;
     const bool wanted =
         parameters.empty() ||
         std::any_of(parameters.begin(), parameters.end(), [&](const at::Tensor& given) {

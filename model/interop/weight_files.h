@@ -22,7 +22,7 @@ class WeightFiles {
   explicit WeightFiles(const std::filesystem::path& file);
   // Files and the tensors that each holds of those the model reads (a Hugging Face index's
   // weight_map): a tensor missing from its file is a UserError naming the file. Errors name
-  // `source` (the directory).
+  // `source` (the index).
   WeightFiles(const std::vector<std::pair<std::filesystem::path, std::vector<std::string>>>& files,
               std::string source);
 

@@ -31,7 +31,7 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels,
-                             const WeightOptions& options)
+                             const WeightOptions& options, const LoraConfig& lora)
     : wqkv(register_module("wqkv",
                            Matrix((config.n_q_heads + 2 * config.n_kv_heads) * config.head_dim,
                                   config.d_model, options))),
@@ -40,7 +40,15 @@ AttentionImpl::AttentionImpl(const ModelConfig& config, Kernels kernels,
       n_q_heads_(config.n_q_heads),
       n_kv_heads_(config.n_kv_heads),
       head_dim_(config.head_dim),
-      kernels_(kernels) {}
+      kernels_(kernels) {
+  const int64_t q_rows = config.n_q_heads * config.head_dim;
+  const int64_t kv_rows = config.n_kv_heads * config.head_dim;
+  wqkv_lora =
+      adapter_for(config.d_model, {{"q", q_rows}, {"k", kv_rows}, {"v", kv_rows}}, lora, options);
+  if (wqkv_lora) register_module("wqkv_lora", wqkv_lora);
+  wo_lora = adapter_for(q_rows, {{"o", config.d_model}}, lora, options);
+  if (wo_lora) register_module("wo_lora", wo_lora);
+}
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   int64_t start_pos, KVCache* cache, int64_t layer,
@@ -51,7 +59,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   // act on [B, T, H, D]; SDPA wants [B, H, T, D]. The rotated copy is a new tensor, so the
   // product's output is freed once it is made.
   const at::Tensor heads =
-      rotate_heads(project(x, wqkv->weight, kernels_)
+      rotate_heads(adapted(wqkv_lora, x, project(x, wqkv->weight, kernels_))
                        .view({batch, length, n_q_heads_ + 2 * n_kv_heads_, head_dim_}),
                    cos, sin, kernels_, /*rotated_heads=*/n_q_heads_ + n_kv_heads_);
   // Split, not narrowed: backward joins the three gradients in one copy, where each narrow's
@@ -91,7 +99,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
 
 at::Tensor AttentionImpl::attended_output(const at::Tensor& attended) {
   // [B, H, T, D] -> [B, T, H x D], the heads side by side as wo reads them.
-  return project(attended.transpose(1, 2).flatten(2), wo->weight, kernels_);
+  const at::Tensor heads = attended.transpose(1, 2).flatten(2);
+  return adapted(wo_lora, heads, project(heads, wo->weight, kernels_));
 }
 
 }  // namespace mltrain

@@ -10,6 +10,7 @@
 
 #include "model/kernels/kernels.h"
 #include "model/layers/linear.h"
+#include "model/layers/lora.h"
 #include "model/layers/model_config.h"
 
 namespace mltrain {
@@ -42,8 +43,10 @@ at::Tensor grouped_query_sdpa(const at::Tensor& q, const at::Tensor& k, const at
 // the scores.
 class AttentionImpl : public torch::nn::Module {
  public:
-  // The projections on `options`' device (model_config.h's shapes), drawn by the model.
-  AttentionImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {});
+  // The projections on `options`' device (model_config.h's shapes), drawn by the model, with
+  // `lora`'s adapters on those of q, k, v and o it targets.
+  AttentionImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {},
+                const LoraConfig& lora = {});
 
   // x [B, T, d_model] holds tokens at positions [start_pos, start_pos + T); cos/sin are the rotary
   // tables of those positions. With a cache, this layer's keys and values are appended to it
@@ -58,6 +61,8 @@ class AttentionImpl : public torch::nn::Module {
 
   Matrix wqkv;
   Matrix wo;
+  LowRankAdapter wqkv_lora{nullptr};  // none without LoRA on q, k or v
+  LowRankAdapter wo_lora{nullptr};
 
  private:
   // The output projection of the attended values [B, n_q_heads, T, head_dim].

@@ -5,6 +5,7 @@
 
 #include "model/kernels/kernels.h"
 #include "model/layers/linear.h"
+#include "model/layers/lora.h"
 
 namespace mltrain {
 
@@ -13,13 +14,16 @@ namespace mltrain {
 // model/interop/hf_state_dict.h).
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  // The projections on `options`' device, drawn by the model.
+  // The projections on `options`' device, drawn by the model, with `lora`'s adapters on those of
+  // gate, up and down it targets.
   FeedForwardImpl(int64_t d_model, int64_t d_ffn, Kernels kernels,
-                  const WeightOptions& options = {});
+                  const WeightOptions& options = {}, const LoraConfig& lora = {});
   at::Tensor forward(const at::Tensor& x);
 
   Matrix w_gate_up;
   Matrix w_down;
+  LowRankAdapter w_gate_up_lora{nullptr};  // none without LoRA on gate or up
+  LowRankAdapter w_down_lora{nullptr};
 
  private:
   Kernels kernels_;

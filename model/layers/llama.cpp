@@ -41,15 +41,20 @@ at::Generator parameter_generator(uint64_t seed, size_t index) {
   return at::make_generator<at::CPUGeneratorImpl>(mixed ^ (mixed >> 31));
 }
 
+// LoRA's parameters, by the names lora.h registers them under.
+bool is_adapter(const std::string& name) { return name.find("_lora.") != std::string::npos; }
+
 }  // namespace
 
-BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options)
+BlockImpl::BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options,
+                     const LoraConfig& lora)
     : attn_norm(
           register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, kernels, options))),
-      attn(register_module("attn", Attention(config, kernels, options))),
+      attn(register_module("attn", Attention(config, kernels, options, lora))),
       ffn_norm(
           register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, kernels, options))),
-      ffn(register_module("ffn", FeedForward(config.d_model, config.d_ffn, kernels, options))) {}
+      ffn(register_module("ffn",
+                          FeedForward(config.d_model, config.d_ffn, kernels, options, lora))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               int64_t start_pos, KVCache* cache, int64_t layer,
@@ -60,14 +65,16 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const 
 }
 
 LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights,
-                     c10::Device device)
+                     c10::Device device, const LoraConfig& lora)
     : token_embeddings(nullptr),
       norm(nullptr),
       rotary(nullptr),
       config_(config),
       kernels_(kernels),
-      seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
+      seed_(at::detail::getDefaultCPUGenerator().current_seed()),
+      lora_(lora) {
   config_.validate();
+  lora_.validate();
   const WeightOptions options{
       .tensor = at::TensorOptions(at::kFloat)
                     .device(weights == Weights::drawn ? c10::Device(c10::kCPU) : device),
@@ -77,7 +84,7 @@ LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights
       register_module("token_embeddings", Matrix(config.vocab_size, config.d_model, options));
   auto layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {
-    layers.push_back(Block(config, kernels, options));
+    layers.push_back(Block(config, kernels, options, lora));
     layer_list->push_back(layers.back());
   }
   norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps, kernels, options));
@@ -85,7 +92,28 @@ LlamaImpl::LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights
     lm_head = register_module("lm_head", Matrix(config.vocab_size, config.d_model, options));
   rotary =
       register_module("rotary", Rotary(config.head_dim, config.max_seq_len, config.rope_theta));
+  if (lora_.enabled()) {
+    for (const auto& item : named_parameters())
+      if (!is_adapter(item.key())) item.value().requires_grad_(false);
+  }
   if (weights == Weights::drawn) initialize();
+}
+
+void LlamaImpl::merge_adapters() {
+  const auto merge = [](torch::nn::Module& owner, LowRankAdapter& adapter, const char* name,
+                        const at::Tensor& weight) {
+    if (!adapter) return;
+    adapter->merge_into(weight);
+    owner.unregister_module(name);
+    adapter = nullptr;
+  };
+  for (Block& block : layers) {
+    merge(*block->attn, block->attn->wqkv_lora, "wqkv_lora", block->attn->wqkv->weight);
+    merge(*block->attn, block->attn->wo_lora, "wo_lora", block->attn->wo->weight);
+    merge(*block->ffn, block->ffn->w_gate_up_lora, "w_gate_up_lora", block->ffn->w_gate_up->weight);
+    merge(*block->ffn, block->ffn->w_down_lora, "w_down_lora", block->ffn->w_down->weight);
+  }
+  lora_ = {};
 }
 
 void LlamaImpl::initialize(const std::vector<at::Tensor>& parameters) {
@@ -98,13 +126,25 @@ void LlamaImpl::initialize(const std::vector<at::Tensor>& parameters) {
              return given.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl();
            });
   };
+  // Each parameter's place among the model's own weights, and LoRA's adapters after them all, so
+  // that a weight's values do not depend on which adapters the model has.
   const auto named = named_parameters();
-  for (size_t index = 0; index < named.size(); ++index) {
-    const at::Tensor& parameter = named[index].value();
+  std::vector<size_t> places(named.size());
+  size_t place = 0;
+  for (size_t k = 0; k < named.size(); ++k)
+    if (!is_adapter(named[k].key())) places[k] = place++;
+  for (size_t k = 0; k < named.size(); ++k)
+    if (is_adapter(named[k].key())) places[k] = place++;
+  for (size_t k = 0; k < named.size(); ++k) {
+    const at::Tensor& parameter = named[k].value();
     if (!wanted(parameter)) continue;
-    const std::string& name = named[index].key();
+    const std::string& name = named[k].key();
     if (name.ends_with("norm.weight")) {
       parameter.fill_(1.0);
+      continue;
+    }
+    if (name.ends_with("_B")) {  // LoRA's B: the adapter adds nothing until it trains
+      parameter.zero_();
       continue;
     }
     const bool residual = name.ends_with("attn.wo.weight") || name.ends_with("ffn.w_down.weight");
@@ -112,7 +152,13 @@ void LlamaImpl::initialize(const std::vector<at::Tensor>& parameters) {
     const bool in_place =
         parameter.is_cpu() && parameter.scalar_type() == at::kFloat && parameter.is_contiguous();
     at::Tensor values = in_place ? parameter : at::empty(parameter.sizes(), at::kFloat);
-    values.normal_(0.0, residual ? residual_std : std, parameter_generator(seed_, index));
+    const at::Generator generator = parameter_generator(seed_, places[k]);
+    if (name.ends_with("_A")) {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(parameter.size(1)));
+      values.uniform_(-bound, bound, generator);
+    } else {
+      values.normal_(0.0, residual ? residual_std : std, generator);
+    }
     if (!in_place) parameter.copy_(values);
   }
 }
@@ -179,7 +225,8 @@ void LlamaImpl::check_positions(int64_t start_pos, int64_t first, int64_t last) 
 at::Tensor LlamaImpl::run_blocks(const at::Tensor& tokens, const at::Tensor& cos,
                                  const at::Tensor& sin, int64_t start_pos, KVCache* cache,
                                  const std::shared_ptr<const DocumentAttention>& documents) {
-  at::Tensor h = in_unit(0, [&] { return embedding_rows(tokens); });
+  at::Tensor h = in_unit(
+      0, [&] { return embedding_rows(tokens); }, /*backward_reads_parameters=*/false);
   // Checkpointed, a block keeps only its input for backward, which runs it again: the
   // activations of one block are held at a time instead of those of every layer. Only where there
   // is a backward to feed (grad mode), and never with a cache, which the block appends to.
@@ -219,10 +266,11 @@ at::Tensor LlamaImpl::head(const at::Tensor& h,
   return in_unit(layers.size() + 1, [&] { return project(norm(h)); });
 }
 
-at::Tensor LlamaImpl::in_unit(size_t position, const std::function<at::Tensor()>& run) {
+at::Tensor LlamaImpl::in_unit(size_t position, const std::function<at::Tensor()>& run,
+                              bool backward_reads_parameters) {
   if (!unit_hooks_) return run();
   unit_hooks_->before_forward(position);
-  return unit_hooks_->after_forward(position, run());
+  return unit_hooks_->after_forward(position, run(), backward_reads_parameters);
 }
 
 UnitParameters LlamaImpl::unit_parameters() const {

@@ -13,6 +13,7 @@
 #include "model/layers/attention.h"
 #include "model/layers/feed_forward.h"
 #include "model/layers/linear.h"
+#include "model/layers/lora_config.h"
 #include "model/layers/model_config.h"
 #include "model/layers/rms_norm.h"
 #include "model/layers/rotary.h"
@@ -29,7 +30,8 @@ struct PackedDocuments;
 // checkpointing keeps.
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {});
+  BlockImpl(const ModelConfig& config, Kernels kernels, const WeightOptions& options = {},
+            const LoraConfig& lora = {});
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t start_pos, KVCache* cache, int64_t layer,
                      const DocumentAttention* documents = nullptr);
@@ -55,9 +57,11 @@ class LlamaImpl : public torch::nn::Module {
   enum class Weights { drawn, none };
 
   // `kernels`: the implementation every layer and the loss run (kernels.h). The initial weights
-  // are those of the seed the global CPU generator was last given (at::manual_seed).
+  // are those of the seed the global CPU generator was last given (at::manual_seed). With `lora`
+  // on, the projections it targets get adapters (lora.h), which alone train: every other weight
+  // is frozen (requires no gradient).
   LlamaImpl(const ModelConfig& config, Kernels kernels, Weights weights = Weights::drawn,
-            c10::Device device = c10::kCPU);
+            c10::Device device = c10::kCPU, const LoraConfig& lora = {});
 
   // tokens [B, T] (int64) at positions [start_pos, start_pos + T) -> logits [B, T, vocab_size].
   // With a cache, every layer appends its keys and values and attends over the cached prefix; with
@@ -89,10 +93,12 @@ class LlamaImpl : public torch::nn::Module {
 
   // Draws the initial values of those of `parameters` that are the model's (all of them when
   // empty): normal(0, init_std) for embeddings and projections, init_std / sqrt(2 n_layers) for
-  // the projections that write into the residual stream (wo, w_down), ones for the norms. Each
-  // parameter has a CPU generator of its own, seeded from the model's seed and the parameter's
-  // place in parameters(), so that a parameter's values are the same whichever others are drawn
-  // with it, in any order, on any device (ZeRO-3 draws one unit at a time).
+  // the projections that write into the residual stream (wo, w_down), ones for the norms; LoRA's
+  // A uniform within 1 / sqrt(its columns), its B zeros. Each parameter has a CPU generator of
+  // its own, seeded from the model's seed and the parameter's place in parameters() (LoRA's
+  // adapters counted after every weight), so that a parameter's values are the same whichever
+  // others are drawn with it, in any order, on any device (ZeRO-3 draws one unit at a time), and
+  // with adapters or without.
   void initialize(const std::vector<at::Tensor>& parameters = {});
 
   // Whether training recomputes each block's activations in backward instead of keeping them from
@@ -110,6 +116,12 @@ class LlamaImpl : public torch::nn::Module {
   // model without.
   void set_unit_hooks(std::shared_ptr<UnitHooks> hooks) { unit_hooks_ = std::move(hooks); }
   bool has_unit_hooks() const { return unit_hooks_ != nullptr; }
+
+  // With LoRA: each adapter merged into the weight it adapts (W += scale · B A) and removed, so
+  // that the model computes what it did with them and is a plain model again (what --export-hf
+  // writes). Nothing without.
+  void merge_adapters();
+  bool has_adapters() const { return lora_.enabled(); }
 
   const ModelConfig& config() const { return config_; }
   Kernels kernels() const { return kernels_; }
@@ -143,11 +155,13 @@ class LlamaImpl : public torch::nn::Module {
   at::Tensor head(const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& project);
 
   // run(), as unit `position`, between the unit hooks when there are any.
-  at::Tensor in_unit(size_t position, const std::function<at::Tensor()>& run);
+  at::Tensor in_unit(size_t position, const std::function<at::Tensor()>& run,
+                     bool backward_reads_parameters = true);
 
   ModelConfig config_;
   Kernels kernels_;
   uint64_t seed_;  // the global CPU generator's when the model was built
+  LoraConfig lora_;
   bool activation_checkpointing_ = false;
   std::shared_ptr<UnitHooks> unit_hooks_;
 };

@@ -17,8 +17,10 @@ class UnitHooks {
   // Before unit `position` (in forward order) reads its parameters.
   virtual void before_forward(size_t position) = 0;
   // After it, with its output, which the hooks return (they may attach a hook that runs before
-  // the unit's backward).
-  virtual at::Tensor after_forward(size_t position, const at::Tensor& output) = 0;
+  // the unit's backward), and whether its backward reads its parameters: the embedding's does not
+  // (its gradient is the output's, added up by token).
+  virtual at::Tensor after_forward(size_t position, const at::Tensor& output,
+                                   bool backward_reads_parameters) = 0;
 };
 
 // The parameters each unit reads, in forward order. A tensor may be read by several units (a tied

@@ -102,6 +102,17 @@ TEST_F(HybridCommunicator, SumsAndBroadcastsRunWithinTheGroup) {
   EXPECT_TRUE(at::equal(tensor, at::full({3}, static_cast<float>(first_of_group() + 1))));
 }
 
+// Replicas hold the same part at the same rank of each group: each rank's own tensors, which
+// differ within a group, compare equal across the groups; a rank whose part differs from its
+// replicas' makes every rank of the run answer no.
+TEST_F(HybridCommunicator, ComparesEachPartWithItsReplicas) {
+  const int in_group = world.rank % kShardRanks;
+  EXPECT_TRUE(same_across_replicas({values_of(in_group, 5)}, *hybrid_, *ranks_));
+  at::Tensor part = values_of(in_group, 5);
+  if (world.rank == world.size - 1) part[2] += 1;
+  EXPECT_FALSE(same_across_replicas({part}, *hybrid_, *ranks_));
+}
+
 // The groups' collectives are recorded in the run's flight recorder, each once, and number the
 // same on every rank: a failure's flight records line up across the groups.
 TEST_F(HybridCommunicator, TheGroupsCollectivesAreRecordedOnceInTheRunsRecorder) {

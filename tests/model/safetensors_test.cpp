@@ -348,6 +348,7 @@ TEST(HfStateDict, FailedLoadLeavesTheModelUnchanged) {
   at::manual_seed(3);
   Llama model(testing::tiny_config(), Kernels::fused_cpu);
   const at::Tensor before = model->layers[0]->attn->wqkv->weight.clone();
+  at::manual_seed(4);  // other weights than the model's, so that a partial copy would show
   NamedTensors state = hf_state_dict(Llama(testing::tiny_config(), Kernels::fused_cpu));
   state.erase("model.norm.weight");
   EXPECT_THROW(load_hf_state_dict(model, state, "x"), UserError);

@@ -169,6 +169,7 @@ const std::vector<KeySpec>& key_specs() {
       MLTRAIN_OPTIM_KEYS(MLTRAIN_KEY_SPEC, optim)  //
       MLTRAIN_TRAIN_KEYS(MLTRAIN_KEY_SPEC, train)  //
       MLTRAIN_DIST_KEYS(MLTRAIN_KEY_SPEC, dist)    //
+      MLTRAIN_LORA_KEYS(MLTRAIN_KEY_SPEC, lora)    //
   };
   return specs;
 }
@@ -412,6 +413,7 @@ void check_absolute_paths(const Config& config, const std::string& source) {
 void check_consistency(const Config& config, const std::string& source) {
   try {
     config.model.validate();
+    config.lora.validate();
   } catch (const UserError& error) {
     throw UserError(fmt::format("{}: {}", source, error.what()));
   }
@@ -482,6 +484,19 @@ void check_consistency(const Config& config, const std::string& source) {
         "orthogonalises whole matrices: with optim.name muon use dist.zero_stage 1, which shards "
         "its state by matrix",
         source, config.dist.zero_stage));
+  }
+  if (config.lora.enabled() && config.dist.zero_stage == 3) {
+    throw UserError(fmt::format(
+        "{}: lora.rank {} trains adapters only, and dist.zero_stage 3 shards the frozen weights "
+        "too, which LoRA does not do yet: use dist.zero_stage 0, 1 or 2 (the adapters' state is "
+        "small; the frozen weights are whole on every rank)",
+        source, config.lora.rank));
+  }
+  if (config.lora.enabled() && config.optim.name == "muon") {
+    throw UserError(fmt::format(
+        "{}: lora.rank {} trains low-rank adapters, which optim.name muon does not orthogonalise: "
+        "use optim.name adamw",
+        source, config.lora.rank));
   }
   if (config.dist.shard_ranks > 0 && config.dist.zero_stage == 0) {
     throw UserError(fmt::format(

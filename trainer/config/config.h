@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "model/layers/lora_config.h"
 #include "model/layers/model_config.h"
 
 namespace mltrain {
@@ -216,6 +217,8 @@ struct Config {
   OptimConfig optim;
   TrainConfig train;
   DistConfig dist;
+  // lora: the model's low-rank adapters (model/layers/lora_config.h), which alone train.
+  LoraConfig lora;
 };
 
 // Loads `file` over the defaults and applies `overrides` ("section.key=value", later ones win).

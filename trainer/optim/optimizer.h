@@ -92,6 +92,8 @@ class Optimizer {
   // unit at a time, each rank keeping its part (dist/unit_shards.h's fill), so that the set-up
   // and a rollback hold one unit whole, not the model.
   using WeightsFill = std::function<void(const std::vector<at::Tensor>& parameters)>;
+  // ZeRO-3's: this rank's part of each unit's weights; none where the weights are whole.
+  virtual std::vector<at::Tensor> weight_parts() const { return {}; }
   virtual void fill_weights(const std::vector<at::Tensor>& parameters, const WeightsFill& fill) {
     fill(parameters);
   }

@@ -75,18 +75,20 @@ std::vector<BucketLayout> backward_buckets(const UnitShards& shards) {
 }
 
 // The model's unit hooks: each position's unit whole while it runs forward, and again before its
-// backward, from a hook on its output's gradient (which autograd calls once the gradient of
-// everything after the unit is known, before the unit's own backward).
+// backward where that reads the unit's parameters, from a hook on its output's gradient (which
+// autograd calls once the gradient of everything after the unit is known, before the unit's own
+// backward).
 class ShardedUnitHooks : public UnitHooks {
  public:
   explicit ShardedUnitHooks(std::shared_ptr<UnitShards> shards) : shards_(std::move(shards)) {}
 
   void before_forward(size_t position) override { shards_->before_forward(position); }
 
-  at::Tensor after_forward(size_t position, const at::Tensor& output) override {
+  at::Tensor after_forward(size_t position, const at::Tensor& output,
+                           bool backward_reads_parameters) override {
     const bool backward_follows = output.requires_grad();
-    shards_->after_forward(position, backward_follows);
-    if (backward_follows) {
+    shards_->after_forward(position, backward_follows, backward_reads_parameters);
+    if (backward_follows && backward_reads_parameters) {
       output.register_hook(
           [shards = shards_, position](const at::Tensor&) { shards->before_backward(position); });
     }
@@ -137,6 +139,12 @@ std::optional<SafetensorsShare> Zero3AdamW::weights_share() const {
       share.pieces.push_back(std::move(piece));
   }
   return share;
+}
+
+std::vector<at::Tensor> Zero3AdamW::weight_parts() const {
+  std::vector<at::Tensor> parts;
+  for (size_t u = 0; u < shards_->units(); ++u) parts.push_back(shards_->part(u));
+  return parts;
 }
 
 void Zero3AdamW::set_sync(bool last_micro_step) {

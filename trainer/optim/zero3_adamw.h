@@ -57,6 +57,7 @@ class Zero3AdamW : public Optimizer {
   std::shared_ptr<UnitHooks> unit_hooks() override { return hooks_; }
   void make_weights_whole() override { shards_->make_whole(); }
   void shard_weights() override { shards_->shard(); }
+  std::vector<at::Tensor> weight_parts() const override;
   void fill_weights(const std::vector<at::Tensor>& /*parameters*/,
                     const WeightsFill& fill) override {
     shards_->fill(fill);

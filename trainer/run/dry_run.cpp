@@ -69,11 +69,14 @@ void dry_run(const Config& config, const World& world, const DryRunTarget& targe
                .device_memory = static_cast<double>(memory_per_rank(device, ranks_on_node))});
   const std::string shortfall = report(plan, config);
 
-  // The model is built to show its parameters, where its weights alone fit this machine.
+  // The model is built to show its parameters, where its weights alone fit this machine: without
+  // bytes (their shapes are what the table shows), so that a model sharded by ZeRO-3, whose plan
+  // counts a rank's part, is not made whole here.
   const double model_bytes = plan.runtime + plan.weights;
   const bool built = !plan.target.device_memory || model_bytes <= *plan.target.device_memory;
   if (built) {
-    Llama model(config.model, choose_kernels(config.train.kernels, device));
+    Llama model(config.model, choose_kernels(config.train.kernels, device),
+                LlamaImpl::Weights::none, device, config.lora);
     model->to(device);
     spdlog::info("parameters:\n{}", parameter_table(model));
   } else {

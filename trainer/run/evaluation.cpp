@@ -125,12 +125,14 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
   } else {
     check_weights_can_fill(config.model, "the config's model.* keys", file);
   }
-  Llama model(config.model, choose_kernels(config.train.kernels, device));
+  Llama model(config.model, choose_kernels(config.train.kernels, device), LlamaImpl::Weights::drawn,
+              c10::kCPU, config.lora);
   if (hf_directory) {
     load_hf_model(model, file);
   } else {
     load_model_weights(model, file);
   }
+  model->merge_adapters();  // a LoRA run's adapters, once, rather than in every product
   model->to(device);
   const auto single_rank = make_communicator(World());
   const SourcesEvaluation evaluated =

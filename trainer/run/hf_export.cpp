@@ -87,8 +87,10 @@ void export_hf(const Config& run_config, const std::filesystem::path& weights,
   check_checkpoint_model(file, config);
   check_tokenizer(config);
   check_weights_can_fill(config.model, "the config's model.* keys", file);
-  Llama model(config.model, Kernels::aten);  // only its weights are read
+  // Only its weights are read; a LoRA run's adapters are merged into the weights they adapt.
+  Llama model(config.model, Kernels::aten, LlamaImpl::Weights::drawn, c10::kCPU, config.lora);
   load_model_weights(model, file);
+  model->merge_adapters();
 
   HfConfig hf_config{config.model, std::nullopt, std::nullopt};
   // check_tokenizer has refused a tokenizer that is set and missing, except the default path.

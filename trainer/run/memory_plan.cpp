@@ -264,6 +264,11 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   // Sharded, each bucket pads to a multiple of the group's ranks: at most shard - 1 values a
   // bucket, left out here.
   const double part = std::ceil(values / shard);
+  // What trains: every weight, or with LoRA the adapters alone, which have weights of their own
+  // beside the frozen ones (and no sharding of the weights: config.cpp refuses stage 3).
+  const double adapters = static_cast<double>(config.lora.parameters(model));
+  plan.trained = config.lora.enabled() ? adapters : values;
+  const double trained_part = std::ceil(plan.trained / shard);
   plan.runtime = target.cuda ? kCudaRuntimeBytes : kCpuRuntimeBytes;
   plan.weights_sharded = shards_weights(config, target.ranks);
   // Sharded, this rank's part of every unit and the units whole at once, gathered in bf16 under
@@ -271,8 +276,9 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   // positions.
   const double whole_units = std::min(whole_unit_values(model), values);
   const double gathered_bytes = target.bf16 ? 2 : 4;
-  plan.weights = (plan.weights_sharded ? 4 * part + gathered_bytes * whole_units : 4 * values) +
-                 8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
+  plan.weights =
+      (plan.weights_sharded ? 4 * part + gathered_bytes * whole_units : 4 * (values + adapters)) +
+      8 * static_cast<double>(model.max_seq_len) * static_cast<double>(model.head_dim);
   // The set-up and a rollback's load fill the weights a unit at a time (UnitShards::fill): the
   // largest unit whole in fp32 (gathered in another dtype, that tensor too, made for the
   // parameters to view), and on the CPU a parameter's values as the file gives them, in fp32 at
@@ -291,10 +297,10 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
   // gradient as autograd makes it, in the dtype the unit is gathered in: counted here in fp32's
   // values).
   const double autograd_gradient = gathered_bytes / 4 * largest_parameter(model);
-  const double whole = !plan.gradients_sharded ? values
+  const double whole = !plan.gradients_sharded ? plan.trained
                        : plan.weights_sharded  ? std::min(whole_units + autograd_gradient, values)
-                                               : released_buckets(config);
-  plan.gradients = 4 * whole + (plan.sharded ? 4 * part : 0);
+                                               : std::min(released_buckets(config), plan.trained);
+  plan.gradients = 4 * whole + (plan.sharded ? 4 * trained_part : 0);
   const bool bf16_wire = config.dist.grad_dtype == "bf16" && ranks > 1;
   // dist.grad_dtype bf16: each bucket's bf16 copy on the wire.
   if (bf16_wire) plan.gradients += 2 * whole;
@@ -309,10 +315,10 @@ MemoryPlan plan_memory(const Config& config, const PlanTarget& target) {
             : std::max(config.dist.bucket_mb * 1024 * 1024 / 4, largest_parameter(model));
     plan.gradients += (bf16_wire ? 2 : 4) * (overlap ? 2 : 1) * std::ceil(largest_bucket / shard);
   } else if (bf16_wire && plan.sharded) {
-    plan.gradients += 2 * part;  // each bucket's part received in bf16
+    plan.gradients += 2 * trained_part;  // each bucket's part received in bf16
   }
-  plan.optimizer_unsharded = 8 * values;
-  plan.optimizer_sharded = 8 * part;
+  plan.optimizer_unsharded = 8 * plan.trained;
+  plan.optimizer_sharded = 8 * trained_part;
 
   const int64_t tokens = config.data.micro_batch * config.data.seq_len;
   const ComputePath path = compute_path(config, target);
@@ -352,10 +358,14 @@ std::string describe(const MemoryPlan& plan) {
     text += row + "\n";
   };
   line("runtime (libraries, buffers)", plan.runtime, "an estimate");
+  const bool lora = plan.trained < static_cast<double>(plan.parameters);
   line("weights (fp32)", plan.weights,
-       !plan.weights_sharded ? ""
-       : plan.target.bf16    ? "this rank's part, and the units whole at once in bf16"
-                             : "this rank's part, and the units whole at once");
+       lora                    ? fmt::format("frozen, and LoRA's {:.0f} adapter parameters, which "
+                                                                "alone have gradients and state",
+                                             plan.trained)
+       : !plan.weights_sharded ? ""
+       : plan.target.bf16      ? "this rank's part, and the units whole at once in bf16"
+                               : "this rank's part, and the units whole at once");
   line("gradients (fp32 buckets)", plan.gradients,
        plan.gradients_sharded ? "this rank's averaged part, and the buckets in use"
        : plan.sharded         ? "and this rank's averaged part"

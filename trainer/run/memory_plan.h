@@ -29,6 +29,7 @@ struct PlanTarget {
 // tests/gpu/memory_plan_cuda_test.cpp holds against the CUDA allocator (not run on a GPU yet).
 struct MemoryPlan {
   int64_t parameters = 0;
+  double trained = 0;  // the parameters that train: all of them, or LoRA's adapters alone
   PlanTarget target;
   int shard_ranks = 1;             // the ranks that what is sharded is cut among (dist.shard_ranks)
   bool sharded = false;            // dist.zero_stage 1, 2 or 3: the optimizer state

@@ -188,6 +188,7 @@ double muon_lr_ratio(const OptimConfig& optim) {
 
 // Through the optimizer, which under ZeRO-3 takes them a unit at a time.
 void load_init_from(Llama& model, Optimizer& optimizer, const std::string& directory) {
+  check_init_from(directory, model->config());
   const WeightFiles files = open_hf_model(model->config(), directory);
   optimizer.fill_weights(model->parameters(), [&](const std::vector<at::Tensor>& parameters) {
     load_hf_weights(model, files, parameters);
@@ -440,7 +441,7 @@ void TrainingRun::build_model() {
   // keeping its part, so that no rank ever holds the whole model.
   model_ = Llama(config_.model, choose_kernels(config_.train.kernels, device_),
                  weights_without_bytes() ? LlamaImpl::Weights::none : LlamaImpl::Weights::drawn,
-                 device_);
+                 device_, config_.lora);
   model_->to(device_);
   model_->set_activation_checkpointing(config_.train.activation_checkpointing);
   parameters_ = model_->parameters();
@@ -466,8 +467,12 @@ void TrainingRun::build_optimizer() {
         "their gradients averaged across the groups",
         shard_ranks, world_.size / shard_ranks, shard_ranks);
   }
+  // With LoRA the adapters alone: the frozen weights have no gradient, state or reduction.
+  NamedParameters trained = hf_parameters(model_);
+  std::erase_if(trained,
+                [](const NamedParameter& parameter) { return !parameter.tensor.requires_grad(); });
   optimizer_ =
-      make_optimizer(hf_parameters(model_), shard_groups_ ? *shard_groups_ : *communicator_,
+      make_optimizer(trained, shard_groups_ ? *shard_groups_ : *communicator_,
                      {.buckets = {.bucket_mb = config_.dist.bucket_mb},
                       .overlap = overlap_all_reduce(config_.dist.overlap, device_),
                       .compress_bf16 = config_.dist.grad_dtype == "bf16" && world_.size > 1,
@@ -563,9 +568,8 @@ void TrainingRun::open_profiler() {
   profiler_ = std::make_unique<StepProfiler>(steps, run_dir_ / "profile", device_.is_cuda());
 }
 
-// Needs the model's final weights on every rank. Every rank must train the same model on the same
-// config: rank 0's weights are broadcast, and the configs are compared by hash.
-// Before the first collective that the config shapes (the model's units under ZeRO-3).
+// Every rank must train the same model on the same config: the configs are compared by hash,
+// before the first collective that the config shapes (the model's units under ZeRO-3).
 void TrainingRun::agree_on_config() {
   if (world_.size == 1) return;
   const std::string yaml = config_to_yaml(config_);
@@ -577,11 +581,18 @@ void TrainingRun::agree_on_config() {
   }
 }
 
-// Rank 0's weights on every rank. Under ZeRO-3 each unit was broadcast as it was made
-// (UnitShards::fill), within each group of dist.shard_ranks.
+// Needs the model's final weights: rank 0's on every rank. Under ZeRO-3 each unit was broadcast
+// as it was made (UnitShards::fill), within each group of dist.shard_ranks; the groups, replicas
+// of each other, are then compared part by part.
 void TrainingRun::agree_on_weights() {
   if (world_.size == 1) return;
   if (weights_without_bytes()) {
+    if (shard_groups_ &&
+        !same_across_replicas(optimizer_->weight_parts(), *shard_groups_, *communicator_)) {
+      throw std::runtime_error(
+          "the groups of dist.shard_ranks hold different weights after the set-up: their first "
+          "ranks read different files, or drew other values");
+    }
     spdlog::info("{} ranks agree on the config; each unit of rank 0's {} weights broadcast",
                  world_.size, model_->num_parameters());
     return;
@@ -613,6 +624,13 @@ void TrainingRun::announce() {
   if (device_.is_cuda() && !precision_.bf16) {
     spdlog::info("fp32 matrix products: {} (train.tf32)",
                  cuda_matmuls_in_tf32() ? "TF32 (on Ampere and newer)" : "full fp32");
+  }
+  if (config_.lora.enabled()) {
+    spdlog::info(
+        "LoRA: adapters of rank {} (alpha {:g}) on {}: {} parameters train, the model's {} are "
+        "frozen",
+        config_.lora.rank, config_.lora.alpha, fmt::join(config_.lora.target_list(), ", "),
+        config_.lora.parameters(config_.model), config_.model.parameters());
   }
   spdlog::info("kernels: {} (train.kernels: {})", describe(model_->kernels()),
                config_.train.kernels);
