@@ -16,26 +16,28 @@ LowRankAdapterImpl::LowRankAdapterImpl(int64_t rows, int64_t columns, std::vecto
   }
 }
 
+// In two products for all the targets: x [.., columns] by every A at once ([T·rank, columns], the
+// targets' A one after another), then by B laid out block-diagonally at the targets' rows ([rows,
+// T·rank], zeros elsewhere), added to `projected` inside the second product (addmm): no product
+// or sum of each target's own, and no zeros of the rows that no adapter targets.
 at::Tensor LowRankAdapterImpl::add_to(const at::Tensor& x, const at::Tensor& projected) const {
-  std::vector<at::Tensor> deltas;
-  for (size_t t = 0; t < targets_.size(); ++t)
-    deltas.push_back(at::linear(at::linear(x, a_[t]) * scale_, b_[t]));
-  // The rows no adapter targets add nothing: zeros between the targets' products.
-  std::vector<at::Tensor> pieces;
-  std::vector<int64_t> gap_shape = projected.sizes().vec();
+  const at::Tensor a = a_.size() == 1 ? a_.front() : at::cat(a_, 0);
+  const at::Tensor stacked = b_.size() == 1 ? b_.front() : at::block_diag(b_);
+  std::vector<at::Tensor> rows;
   int64_t row = 0;
-  const auto gap_to = [&](int64_t end) {
-    if (end == row) return;
-    gap_shape.back() = end - row;
-    pieces.push_back(at::zeros(gap_shape, deltas.front().options()));
-  };
-  for (size_t t = 0; t < targets_.size(); ++t) {
-    gap_to(targets_[t].first_row);
-    pieces.push_back(deltas[t]);
-    row = targets_[t].first_row + targets_[t].rows;
+  int64_t stacked_row = 0;
+  for (const Target& target : targets_) {
+    if (target.first_row > row)
+      rows.push_back(at::zeros({target.first_row - row, stacked.size(1)}, stacked.options()));
+    rows.push_back(stacked.narrow(0, stacked_row, target.rows));
+    stacked_row += target.rows;
+    row = target.first_row + target.rows;
   }
-  gap_to(rows_);
-  return projected + (pieces.size() == 1 ? pieces.front() : at::cat(pieces, -1));
+  if (rows_ > row) rows.push_back(at::zeros({rows_ - row, stacked.size(1)}, stacked.options()));
+  const at::Tensor b = rows.size() == 1 ? rows.front() : at::cat(rows, 0);
+  const at::Tensor xa = at::mm(x.reshape({-1, x.size(-1)}), a.t());
+  return at::addmm(projected.reshape({-1, rows_}), xa, b.t(), /*beta=*/1, /*alpha=*/scale_)
+      .view(projected.sizes());
 }
 
 void LowRankAdapterImpl::merge_into(const at::Tensor& weight) const {

@@ -95,10 +95,17 @@ TEST(LoraCli, FineTunesTheAdaptersAloneAndExportsTheMergedModel) {
       EXPECT_TRUE(at::equal(again.at(name), tensor)) << file << ": " << name;
   }
 
-  // The export merges the adapters into a plain model that transformers loads.
+  // Another scale of the adapters is another model: refused on resume, exit 2.
+  const CommandResult rescaled =
+      mltrain(stopped + " --resume auto --set train.max_steps=8 --set lora.alpha=4");
+  EXPECT_EQ(rescaled.exit_code, kExitUserError) << rescaled.output;
+  EXPECT_CONTAINS(rescaled.output, "lora.alpha is 8 in the checkpoint, 4 in the config");
+
+  // The export merges the adapters into a plain model that transformers loads, as the checkpoint
+  // was trained (its lora.*, whatever the command line says).
   const std::string out = (dir / "export").string();
-  const CommandResult merged =
-      mltrain((dir / "tune.yaml").string() + " --resume auto --export-hf " + out);
+  const CommandResult merged = mltrain((dir / "tune.yaml").string() +
+                                       " --resume auto --set lora.alpha=4 --export-hf " + out);
   ASSERT_EQ(merged.exit_code, 0) << merged.output;
   for (const auto& [name, tensor] : load_safetensors(dir / "export" / "model.safetensors"))
     EXPECT_FALSE(is_adapter(name)) << name;

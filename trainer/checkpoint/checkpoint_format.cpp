@@ -87,7 +87,10 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
           "train.run_dir from its weights (mltrain --export-hf, then model.init_from)",
           checkpoint.string(), change.before, change.after, change.before));
     }
-    if (change.key.starts_with("model.") && change.key != "model.init_from") {
+    // LoRA's adapters are the model's too: another rank, scale or set of targets reads the
+    // checkpoint's adapters as other ones.
+    if ((change.key.starts_with("model.") && change.key != "model.init_from") ||
+        change.key.starts_with("lora.")) {
       model_changes.push_back(fmt::format("{} is {} in the checkpoint, {} in the config",
                                           change.key, change.before, change.after));
     } else {
@@ -104,6 +107,14 @@ void check_config(const std::filesystem::path& checkpoint, const Config& config)
 }
 
 }  // namespace
+
+LoraConfig checkpoint_lora(const std::filesystem::path& weights, const Config& config) {
+  const std::filesystem::path saved = weights.parent_path() / "config.yaml";
+  if (!std::filesystem::exists(weights.parent_path() / "state.json") ||
+      !std::filesystem::exists(saved))
+    return config.lora;
+  return load_config(saved).lora;
+}
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 

@@ -90,10 +90,15 @@ class CheckpointMismatch : public UserError {
   using UserError::UserError;
 };
 
-// Verifies the checkpoint, then loads it into the model and the optimizer. A model shape that
-// differs from config.model (every differing key listed) or another optim.name is a
-// CheckpointMismatch; changed keys outside model are logged.
+// Verifies the checkpoint, then loads it into the model and the optimizer. A model that differs
+// from config.model or config.lora (every differing key listed) or another optim.name is a
+// CheckpointMismatch; changed keys outside model and lora are logged.
 TrainingProgress load_checkpoint(const std::filesystem::path& checkpoint, Llama& model,
                                  Optimizer& optimizer, const Config& config);
+
+// The adapters that the weights file `weights` was trained with: its checkpoint's lora.* (from
+// the config.yaml beside it), whatever `config` says, as reading its adapters needs them; where
+// the file is no checkpoint's, `config`'s.
+LoraConfig checkpoint_lora(const std::filesystem::path& weights, const Config& config);
 
 }  // namespace mltrain

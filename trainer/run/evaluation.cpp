@@ -12,6 +12,7 @@
 #include "model/interop/hf_checkpoint.h"
 #include "model/interop/hf_state_dict.h"
 #include "model/kernels/autocast_region.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 #include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/machine/compute_settings.h"
 #include "trainer/machine/device.h"
@@ -126,7 +127,7 @@ Evaluation evaluate_weights(const Config& run_config, const std::filesystem::pat
     check_weights_can_fill(config.model, "the config's model.* keys", file);
   }
   Llama model(config.model, choose_kernels(config.train.kernels, device), LlamaImpl::Weights::drawn,
-              c10::kCPU, config.lora);
+              c10::kCPU, hf_directory ? config.lora : checkpoint_lora(file, config));
   if (hf_directory) {
     load_hf_model(model, file);
   } else {

@@ -17,6 +17,7 @@
 #include "model/interop/hf_config.h"
 #include "model/interop/hf_state_dict.h"
 #include "model/layers/llama.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 #include "trainer/checkpoint/checkpoint_store.h"
 #include "trainer/run/run_data.h"
 
@@ -88,7 +89,8 @@ void export_hf(const Config& run_config, const std::filesystem::path& weights,
   check_tokenizer(config);
   check_weights_can_fill(config.model, "the config's model.* keys", file);
   // Only its weights are read; a LoRA run's adapters are merged into the weights they adapt.
-  Llama model(config.model, Kernels::aten, LlamaImpl::Weights::drawn, c10::kCPU, config.lora);
+  Llama model(config.model, Kernels::aten, LlamaImpl::Weights::drawn, c10::kCPU,
+              checkpoint_lora(file, config));
   load_model_weights(model, file);
   model->merge_adapters();
 

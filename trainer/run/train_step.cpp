@@ -121,7 +121,8 @@ StepResult train_step(const StepParts& parts, int64_t step) {
   // are cast once for all the micro-batches, except with activation checkpointing, which keeps
   // the casts of one block at a time to save memory (the memory plan counts on that), and under
   // ZeRO-3, whose units are whole only while they run and are gathered in bf16 already
-  // (dist/unit_shards.h): nothing is cast.
+  // (dist/unit_shards.h): nothing is cast. Autocast caches the casts of weights that train only:
+  // LoRA's frozen weights are cast again each micro-step.
   at::Tensor loss = at::zeros({}, at::TensorOptions().device(parts.device));
   {
     std::optional<WeightCastCache> casts;

@@ -447,6 +447,10 @@ void TrainingRun::build_model() {
   parameters_ = model_->parameters();
   flops_per_token_ =
       training_flops_per_token(config_.model, model_->num_parameters(), config_.data.seq_len);
+  // With LoRA the frozen weights take no weight-gradient product in backward: 4 FLOPs a token
+  // each, not 6.
+  if (config_.lora.enabled())
+    flops_per_token_ -= 2.0 * static_cast<double>(config_.model.parameters());
 }
 
 // Needs the model on its device (the optimizer's state and buckets live beside the weights; under
@@ -1185,7 +1189,11 @@ std::optional<std::filesystem::path> TrainingRun::save_checkpoint() {
   // Sharded weights (ZeRO-3) are the same on every rank by construction: hashing them would say
   // nothing, at the cost of gathering them.
   const bool weights_replicated = optimizer_->unit_hooks() == nullptr;
-  if (world_.size > 1 && weights_replicated && !same_on_all_ranks(parameters_, *communicator_)) {
+  // Frozen weights (LoRA's) cannot diverge: the trained ones are hashed.
+  std::vector<at::Tensor> trained;
+  for (const at::Tensor& parameter : parameters_)
+    if (parameter.requires_grad()) trained.push_back(parameter);
+  if (world_.size > 1 && weights_replicated && !same_on_all_ranks(trained, *communicator_)) {
     throw std::runtime_error(fmt::format(
         "the ranks' weights differ at step {}: data-parallel training diverged", progress_.step));
   }
